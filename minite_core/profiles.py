@@ -1,0 +1,157 @@
+"""Execution profiles: every numeric choice one engine makes, as data.
+
+The paper's thesis is that "same weights, same format" is not "same policy": the learner and the sampler
+execute NVFP4 differently. A `Profile` names each of those choices (block shape, scale granularity, quantizer
+arithmetic, static vs dynamic scales, stochastic rounding, RHT, router / LM-head precision, BF16 boundary
+layers), so that an engine pair is just two profiles and an ablation is `profile.replace(knob=value)`.
+
+The five registered profiles follow DESIGN.md's table; each default says where it comes from. Attention,
+norms and embeddings stay in `dtype` (bf16) under every profile.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+BLOCKS = ((1, 16), (16, 16))
+SCALE_MODES = ("tensor", "row")
+MATHS = ("exact", "fast")
+ROUNDINGS = ("rne", "sr")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Quant:
+    """How one GEMM operand is quantized to NVFP4 (arguments of `formats.nvfp4.quantize`)."""
+
+    block: tuple[int, int] = (1, 16)  # (1, 16) along K; (16, 16) = TE's 2D weight tiles
+    scale_mode: str = "tensor"  # global scale per tensor, or per row ("per-token" for activations)
+    math: str = "exact"  # "exact" = TE / FlashInfer without fast-math; "fast" = vLLM's order of operations
+    rounding: str = "rne"  # "sr" = stochastic rounding (gradients in TE's recipe)
+    static: bool = False  # global scale from a calibrated amax (vLLM's input_global_scale), not this tensor's
+
+    def __post_init__(self):
+        _check("block", tuple(self.block), BLOCKS)
+        _check("scale_mode", self.scale_mode, SCALE_MODES)
+        _check("math", self.math, MATHS)
+        _check("rounding", self.rounding, ROUNDINGS)
+        if self.static and self.scale_mode != "tensor":
+            raise ValueError("Quant.static=True needs scale_mode='tensor' (a calibrated scale is per tensor)")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One engine's execution numerics. `None` for an operand = it stays in high precision (`dtype`)."""
+
+    name: str
+    weight: Quant | None = None
+    activation: Quant | None = None
+    grad: Quant | None = None  # dgrad/wgrad operands in backward; None = high-precision backward
+    wgrad_rht: bool = False  # random Hadamard transform on both wgrad operands (along tokens)
+    router_dtype: str = "bfloat16"  # MoE router logits/softmax precision
+    lm_head_dtype: str = "bfloat16"  # LM-head GEMM + log-softmax precision
+    boundary_layers: tuple[int, int] = (0, 0)  # first / last N decoder layers kept in `dtype`
+    dtype: str = "bfloat16"  # non-GEMM ops and the high-precision GEMMs
+
+    def __post_init__(self):
+        _check("router_dtype", self.router_dtype, DTYPES)
+        _check("lm_head_dtype", self.lm_head_dtype, DTYPES)
+        _check("dtype", self.dtype, DTYPES)
+        first, last = self.boundary_layers
+        if first < 0 or last < 0:
+            raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")
+        if self.grad is not None and self.weight is None:
+            raise ValueError(f"profile {self.name!r}: a quantized backward needs quantized weights")
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight is not None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.activation is not None and self.activation.static
+
+    def replace(self, **knobs) -> "Profile":
+        """Knob-by-knob variant; dotted knobs reach into operands: `replace(**{"activation.scale_mode": "row"})`."""
+        top, nested = {}, {}
+        for key, value in knobs.items():
+            if "." in key:
+                operand, field = key.split(".", 1)
+                nested.setdefault(operand, {})[field] = value
+            else:
+                top[key] = value
+        for operand, fields in nested.items():
+            base = top.get(operand, getattr(self, operand))
+            if base is None:
+                raise ValueError(f"profile {self.name!r}: operand {operand!r} is not quantized, cannot set {fields}")
+            top[operand] = dataclasses.replace(base, **fields)
+        return dataclasses.replace(self, **top)
+
+    def for_layer(self, layer_idx: int, num_layers: int) -> "Profile":
+        """The profile a decoder layer runs: boundary layers drop to high precision, keeping router precision."""
+        first, last = self.boundary_layers
+        if layer_idx < first or layer_idx >= num_layers - last:
+            return dataclasses.replace(self, weight=None, activation=None, grad=None, wgrad_rht=False)
+        return self
+
+
+def _check(key, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
+
+
+# TE NVFP4BlockScaling defaults (TE docs): weights 2D 16x16, inputs/grads 1x16, per-tensor amax, exact
+# quantizer, stochastic rounding on gradients, RHT on wgrad operands. Router/LM head left to the model (bf16).
+_TE_GRAD = Quant(block=(1, 16), scale_mode="tensor", math="exact", rounding="sr")
+# vLLM compressed-tensors / ModelOpt W4A4: weights 1x16 per-tensor, activation global scale static from the
+# checkpoint's calibrated input_global_scale, FlashInfer fast-math quantizer order of operations.
+_VLLM_WEIGHT = Quant(block=(1, 16), scale_mode="tensor", math="fast")
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(name="bf16"),
+        Profile(
+            name="te-nvfp4",
+            weight=Quant(block=(16, 16)),
+            activation=Quant(),
+            grad=_TE_GRAD,
+            wgrad_rht=True,
+        ),
+        Profile(
+            name="vllm-nvfp4",
+            weight=_VLLM_WEIGHT,
+            activation=Quant(math="fast", static=True),
+        ),
+        # Hopper has no FP4 tensor cores: vLLM falls back to Marlin W4A16 (weights dequantized in the kernel,
+        # activations stay bf16). Same checkpoint codes as vllm-nvfp4.
+        Profile(name="vllm-marlin-w4a16", weight=_VLLM_WEIGHT),
+        # miniTE / public NVFP4 RL recipes (NeMo-RL, verl, miles): 1x16 weights, per-token dynamic activation
+        # scales, exact quantizer on both sides, SR gradients without RHT, fp32 router and LM head.
+        Profile(
+            name="minite",
+            weight=Quant(),
+            activation=Quant(scale_mode="row"),
+            grad=_TE_GRAD,
+            router_dtype="float32",
+            lm_head_dtype="float32",
+        ),
+    )
+}
+
+
+def get_profile(name: str | Profile) -> Profile:
+    if isinstance(name, Profile):
+        return name
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; registered: {sorted(PROFILES)}") from None
+
+
+def register(profile: Profile) -> Profile:
+    """Add a baseline (e.g. from a user's rule); names are unique."""
+    if profile.name in PROFILES:
+        raise ValueError(f"profile {profile.name!r} is already registered")
+    PROFILES[profile.name] = profile
+    return profile
