@@ -1,0 +1,25 @@
+# miniTE reproduction DAG. Default experiment: the CPU smoke run (experiments/smoke.yaml);
+# others: `snakemake --cores N --configfile experiments/h200.yaml`.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "experiments/smoke.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+EXP = config["experiment"]
+RESULTS = f"results/{EXP}"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/kernels.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        rules.report.output,
+    default_target: True
