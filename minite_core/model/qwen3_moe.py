@@ -1,0 +1,269 @@
+"""Qwen3-MoE / dense Qwen3 causal LM whose every GEMM is a profile-driven QuantLinear / GroupedLinear.
+
+Shape legend: B = batch, T = new tokens, S = key slots (cache length + T), D = hidden, H = query heads,
+Hkv = key/value heads, Dh = head dim, E = experts, K = experts per token, I = expert width, N = B*T tokens,
+V = vocab.
+
+Same function as transformers' Qwen3MoeForCausalLM / Qwen3ForCausalLM (parity-tested to 1e-4 in fp32), same
+module and parameter names where transformers has them (`model.layers.{i}.self_attn.q_proj`, `.mlp.gate`, ...),
+so forward hooks and the first-divergence trace address both engines alike. Differences from transformers:
+- Experts are two GroupedLinear, `mlp.experts.gate_up` [E, 2I, D] (gate rows first, like transformers 5's fused
+  `gate_up_proj`) and `mlp.experts.down` [E, D, I], run on tokens sorted by expert (the grouped-GEMM layout the
+  NVFP4 kernels take) instead of transformers' per-expert gather loop.
+- The top-k expert outputs of a token are summed in fp32 in rank order (deterministic); transformers
+  index_adds them in the hidden dtype in expert order. Identical in fp32 up to rounding.
+- Precision comes from the profile (`set_profile`), not from the parameter dtype: parameters stay in whatever
+  dtype they were loaded in (fp32 masters for training) and are cast per op. Embeddings, norms, RoPE and
+  attention run in `profile.dtype`; the router GEMM in `profile.router_dtype` (softmax always fp32, as
+  transformers); the LM head in `profile.lm_head_dtype`; logits are returned in fp32.
+- `position_ids` default to the count of real tokens before each position (from `attention_mask`), so a
+  left-padded row gets the positions it would have unpadded, in full-sequence and cached forwards alike
+  (transformers' forward uses arange and leaves this to `generate`).
+- Attention is torch SDPA with an explicit boolean mask (causal + padding); a padded query row that would see
+  no key is allowed its own slot, so pad positions give finite (ignored) logits instead of NaN.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minite_core.model.config import ModelConfig
+from minite_core.model.kv_cache import KVCache
+from minite_core.nn import GroupedLinear, QuantLinear
+from minite_core.profiles import PROFILES, Profile, get_profile
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)  # profile dtype names are "float32" | "bfloat16" (validated by Profile)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * w, normalised in fp32 and cast back before the weight multiply (as transformers)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_fp32 = x.float()
+        x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight.to(x.dtype) * x_fp32.to(x.dtype)
+
+
+def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    # position_ids: (B, T) -> cos, sin: (B, 1, T, Dh), computed in fp32 then cast (as transformers)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                             device=position_ids.device) / head_dim))
+    freqs = position_ids[..., None].float() * inv_freq  # (B, T, Dh/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, Dh)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin  # x: (B, H, T, Dh)
+
+
+class Attention(nn.Module):
+    """GQA with per-head RMSNorm on q and k before RoPE (Qwen3's QK-norm)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        D, H, Hkv, Dh = cfg.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        self.q_proj = QuantLinear(D, H * Dh)
+        self.k_proj = QuantLinear(D, Hkv * Dh)
+        self.v_proj = QuantLinear(D, Hkv * Dh)
+        self.o_proj = QuantLinear(H * Dh, D)
+        self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None):
+        # x: (B, T, D); mask: (B, 1, T, S) bool or None (= plain causal, no cache)
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H, T, Dh)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)) (Qwen3MLP / Qwen3MoeMLP)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = QuantLinear(hidden_size, intermediate_size)
+        self.up_proj = QuantLinear(hidden_size, intermediate_size)
+        self.down_proj = QuantLinear(intermediate_size, hidden_size)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts as two grouped GEMMs over tokens sorted by expert."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up = GroupedLinear(num_experts, hidden_size, 2 * intermediate_size)  # [E, 2I, D], gate first
+        self.down = GroupedLinear(num_experts, intermediate_size, hidden_size)  # [E, D, I]
+
+    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        # x_sorted: (N*K, D) grouped by expert; counts: (E,) -> (N*K, D)
+        gate, up = self.gate_up(x_sorted, counts).chunk(2, dim=-1)  # (N*K, I) each
+        return self.down(F.silu(gate) * up, counts)
+
+
+class SparseMoE(nn.Module):
+    """Softmax top-k router (fp32 softmax, optional renormalisation) + grouped SwiGLU experts."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_experts, self.top_k = cfg.num_experts, cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.gate = QuantLinear(cfg.hidden_size, cfg.num_experts, role="router")
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: (N, D) -> weights (N, K) in the router dtype, expert ids (N, K)
+        logits = self.gate(x.to(_dtype(self.gate.profile.router_dtype)))  # (N, E)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
+        if self.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_w.to(logits.dtype), top_idx
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        x_flat = x.reshape(-1, D)  # (N, D)
+        top_w, top_idx = self.route(x_flat)
+        flat_idx = top_idx.reshape(-1)  # (N*K,)
+        order = torch.argsort(flat_idx, stable=True)  # (N*K,) assignment slots sorted by expert
+        counts = torch.bincount(flat_idx, minlength=self.num_experts)  # (E,)
+        y_sorted = self.experts(x_flat[order // self.top_k], counts)  # (N*K, D)
+        y_sorted = (y_sorted * top_w.reshape(-1)[order, None]).float()  # weight in router dtype, sum in fp32
+        y = torch.empty_like(y_sorted)
+        y[order] = y_sorted  # back to (token, rank) order
+        return y.view(B * T, self.top_k, D).sum(dim=1).to(x.dtype).view(B, T, D)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe_layer(layer_idx) else DenseMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """transformers' `model` submodule: embeddings, decoder layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        # _weight skips nn.Embedding's N(0, 1) init (slow at 150k vocab); init_weights / load_pretrained fill it
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Decoder(config)
+        self.lm_head = QuantLinear(config.hidden_size, config.vocab_size, role="lm_head")
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight  # [V, D] is Linear's [out, in]
+        self.profile: Profile = PROFILES["bf16"]  # QuantLinear's default; set_profile changes both together
+
+    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """input_ids (B, T); attention_mask (B, cache.length + T), 1 = real token; -> logits (B, T, V) fp32."""
+        B, T = input_ids.shape
+        past = cache.length if cache is not None else 0
+        dtype = _dtype(self.profile.dtype)
+        if cache is not None and cache.dtype != dtype:
+            raise ValueError(f"KVCache dtype {cache.dtype} != compute dtype {dtype} of profile {self.profile.name!r}")
+        if attention_mask is not None:
+            if attention_mask.shape != (B, past + T):
+                raise ValueError(f"attention_mask must be (B, cache length + T) = {(B, past + T)}, "
+                                 f"got {tuple(attention_mask.shape)}")
+            real = attention_mask.bool()  # (B, S)
+            if position_ids is None:
+                position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
+        mask = None  # None + no cache = SDPA's is_causal fast path
+        if attention_mask is not None or cache is not None:
+            mask = self._mask(real if attention_mask is not None else None, B, T, past, input_ids.device)
+
+        x = self.model.embed_tokens(input_ids).to(dtype)  # (B, T, D)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, cache)
+        if cache is not None:
+            cache.advance(T)
+        x = self.model.norm(x)
+        return self.lm_head(x.to(_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
+
+    @staticmethod
+    def _mask(real: torch.Tensor | None, B: int, T: int, past: int, device) -> torch.Tensor:
+        # real: (B, S) bool or None -> (B, 1, T, S) bool, True = may attend. Slots are cache positions.
+        q_slot = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
+        k_slot = torch.arange(past + T, device=device)[None, :]  # (1, S)
+        allowed = (k_slot <= q_slot)[None].expand(B, T, past + T)  # (B, T, S)
+        if real is not None:
+            allowed = allowed & real[:, None, :]
+            allowed = allowed | (k_slot == q_slot)[None]  # padded queries see themselves: finite, never NaN
+        return allowed[:, None]
+
+    # ---- utilities -------------------------------------------------------------------------------------------
+    def num_parameters(self) -> int:
+        """Unique parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def init_weights(self, seed: int, std: float = 0.02) -> "CausalLM":
+        """From-scratch init as transformers' Qwen3 (N(0, std) GEMMs/embeddings/router, norms 1), drawn on CPU
+        from one generator in sorted-name order, so the result is the same on any device and dtype."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+        return self
+
+
+def set_profile(model: CausalLM, profile: Profile | str) -> CausalLM:
+    """Put `profile` on the model and every GEMM: decoder layer i gets `profile.for_layer(i, L)` (boundary layers
+    drop to high precision), the LM head gets `profile` itself (its role picks lm_head_dtype)."""
+    profile = get_profile(profile)
+    model.profile = profile
+    L = model.config.num_hidden_layers
+    for i, layer in enumerate(model.model.layers):
+        layer_profile = profile.for_layer(i, L)
+        for module in layer.modules():
+            if isinstance(module, (QuantLinear, GroupedLinear)):
+                module.profile = layer_profile
+    model.lm_head.profile = profile
+    return model
