@@ -1,6 +1,7 @@
 """Profile-driven GEMM layers: every Linear and expert GEMM of the model runs the numerics of the profile
-set on it (`set_profile`)."""
-from minite_core.nn.linear import QuantLinear
-from minite_core.nn.experts import GroupedLinear
+set on it (`minite_core.model.set_profile`); `calibrate` records static activation scales."""
+from minite_core.nn.calibrate import calibrate
+from minite_core.nn.experts import GroupedLinear, grouped_linear
+from minite_core.nn.linear import QuantLinear, linear
 
-__all__ = ["QuantLinear", "GroupedLinear"]
+__all__ = ["QuantLinear", "GroupedLinear", "linear", "grouped_linear", "calibrate"]

@@ -1,24 +1,47 @@
-"""GroupedLinear (STUB: high-precision loop; the profile-driven grouped GEMM replaces it)."""
+"""GroupedLinear: the MoE expert GEMM (tokens sorted by expert) under an execution profile.
+
+Each expert's slice is one `nn.linear.linear` call, so an expert GEMM has exactly the numerics of a dense
+QuantLinear on its tokens: per-tensor dynamic activation scales are per expert (as TE's grouped GEMM, one
+quantizer per split), per-token scales are per token, and a static scale (calibrated) is one amax for the
+whole grouped GEMM. Stochastic-rounding seeds differ per expert. The loop is the reference; GPU backends
+replace it with one grouped kernel (`kernels.dispatch`).
+"""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from minite_core.nn.linear import linear, torch_dtype
 from minite_core.profiles import PROFILES, Profile
+
+_EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide for < 1e6 experts
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, profile: Profile, *,
+                   input_amax: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+    """x: (T_sorted, K) grouped by expert in order; weight: (E, N, K); counts: (E,) -> (T_sorted, N)."""
+    outs = []
+    for e, x_e in enumerate(x.split(counts.tolist())):
+        if x_e.shape[0]:
+            outs.append(linear(x_e, weight[e], profile, input_amax=input_amax, seed=seed + e * _EXPERT_SEED_STRIDE))
+    if not outs:
+        return x.new_empty(0, weight.shape[1], dtype=torch_dtype(profile.dtype))
+    return torch.cat(outs)
 
 
 class GroupedLinear(nn.Module):
-    """Per-expert y_e = x_e @ W_e^T for tokens already sorted by expert. weight: [E, N, K]."""
+    """Per-expert y_e = x_e @ W_eᵀ for tokens already sorted by expert. weight: [E, N, K]."""
 
     def __init__(self, num_experts: int, in_features: int, out_features: int):
         super().__init__()
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
         self.profile: Profile = PROFILES["bf16"]
-        self.register_buffer("input_amax", None)  # [E] static activation amax from calibrate()
+        self.seed = 0  # stochastic-rounding seed, set per step by the learner
+        self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # x: (T_sorted, K) grouped by expert in order; counts: (E,) tokens per expert
-        outs = [F.linear(xe, self.weight[e].to(x.dtype)) for e, xe in enumerate(x.split(counts.tolist()))]
-        return torch.cat(outs) if outs else x.new_empty(0, self.out_features)
+        return grouped_linear(x, self.weight, counts, self.profile, input_amax=self.input_amax, seed=self.seed)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, profile={self.profile.name}"

@@ -1,0 +1,172 @@
+"""Profile-driven GEMM layers: forward/backward numerics, knob-by-knob equivalence, saved bytes, calibration."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minite_core.formats.nvfp4 import dequantize, quantize
+from minite_core.formats.rht import rht
+from minite_core.model import PRESETS, CausalLM, set_profile
+from minite_core.nn import GroupedLinear, QuantLinear, calibrate, grouped_linear, linear
+from minite_core.profiles import PROFILES, get_profile
+
+FP32 = get_profile("bf16").replace(dtype="float32", router_dtype="float32", lm_head_dtype="float32")
+
+
+def _layer(n=32, k=64, seed=0):
+    torch.manual_seed(seed)
+    layer = QuantLinear(k, n)
+    torch.nn.init.normal_(layer.weight, std=0.5)
+    return layer
+
+
+def test_bf16_profile_is_plain_torch():
+    layer = _layer()
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(layer(x), F.linear(x.bfloat16(), layer.weight.bfloat16()), atol=0, rtol=0)
+
+
+def test_fp32_gradients_match_finite_differences():
+    layer = _layer(8, 16).double()
+    layer.profile = FP32.replace(dtype="float32")
+    x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+    f = lambda x_, w_: linear(x_.float(), w_.float(), layer.profile).double()  # noqa: E731
+    y = f(x, layer.weight)
+    (g_y,) = torch.randn_like(y)[None]
+    y.backward(g_y)
+    eps = 1e-3
+    for idx in [(0, 0), (2, 5), (1, 15)]:
+        xp, xm = x.detach().clone(), x.detach().clone()
+        xp[idx] += eps
+        xm[idx] -= eps
+        fd = ((f(xp, layer.weight) - f(xm, layer.weight)) * g_y).sum() / (2 * eps)
+        assert x.grad[idx].item() == pytest.approx(fd.item(), rel=1e-2, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["te-nvfp4", "minite"])
+def test_nvfp4_forward_backward_equal_dequantized_reference(name):
+    """Forward/backward equal the spelled-out NVFP4 recipe (SR replaced by RNE so both sides are deterministic)."""
+    p = get_profile(name)
+    p = p.replace(grad=p.grad.__class__(**{**p.grad.__dict__, "rounding": "rne"}), dtype="float32")
+    layer = _layer(32, 64)
+    x = torch.randn(40, 64, requires_grad=True)  # 40 tokens: not a multiple of 16 (wgrad pads)
+    y = linear(x, layer.weight, p)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+
+    w, a = p.weight, p.activation
+    q = lambda t, spec, **kw: dequantize(quantize(t, block=spec.block, scale_mode=kw.get("scale_mode", spec.scale_mode), math=spec.math))  # noqa: E731
+    y_ref = q(x.detach(), a) @ q(layer.weight.detach(), w).t()
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    dx_ref = q(dy, p.grad) @ q(layer.weight.detach().t().contiguous(), w).t()
+    torch.testing.assert_close(x.grad, dx_ref, atol=1e-5, rtol=1e-5)
+    pad = lambda t: F.pad(t, (0, 0, 0, 8))  # noqa: E731  40 -> 48 tokens
+    t_fn = (lambda t: rht(t)) if p.wgrad_rht else (lambda t: t)
+    dw_ref = q(t_fn(pad(dy).t().contiguous()), p.grad, scale_mode="tensor") @ q(t_fn(pad(x.detach()).t().contiguous()), a, scale_mode="tensor").t()
+    torch.testing.assert_close(layer.weight.grad, dw_ref, atol=1e-4, rtol=1e-5)
+
+
+def test_sampler_profiles_have_no_backward():
+    layer = _layer()
+    layer.profile = get_profile("vllm-marlin-w4a16")
+    x = torch.randn(4, 64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no backward"):
+        layer(x).sum().backward()
+
+
+def test_saved_activation_bytes_packed():
+    """An NVFP4 layer saves only the packed x^T: <= 0.3x the bytes bf16 saves for x."""
+    def saved_activation_bytes(profile):
+        layer = _layer(64, 256)
+        layer.profile = profile
+        x = torch.randn(512, 256).requires_grad_()
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            if t.numel() != layer.weight.numel():  # skip the weight and its casts/transposes
+                total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x.bfloat16())
+        return total
+
+    bf16, nvfp4 = saved_activation_bytes(PROFILES["bf16"]), saved_activation_bytes(PROFILES["minite"])
+    assert bf16 == 512 * 256 * 2
+    assert nvfp4 <= 0.3 * bf16
+
+
+def _tiny_model(seed=0):
+    model = CausalLM(PRESETS["tiny-moe"]).init_weights(seed, std=0.2)
+    ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(seed))
+    return model, ids
+
+
+def test_te_nvfp4_knob_by_knob_becomes_minite():
+    """The forward of te-nvfp4, with each differing knob switched to minite's value, is bitwise minite."""
+    model, ids = _tiny_model()
+    te, mt = PROFILES["te-nvfp4"], PROFILES["minite"]
+    steps = [
+        ("weight.block", (1, 16)),
+        ("activation.scale_mode", "row"),
+        ("router_dtype", "float32"),
+        ("lm_head_dtype", "float32"),
+    ]
+    logits = {}
+    p = te
+    set_profile(model, p)
+    with torch.no_grad():
+        logits["te"] = model(ids)
+        for knob, value in steps:
+            p = p.replace(**{knob: value})
+            set_profile(model, p)
+            logits[knob] = model(ids)
+        set_profile(model, mt)
+        ref = model(ids)
+    assert not torch.equal(logits["te"], ref)  # the knobs matter
+    torch.testing.assert_close(logits[steps[-1][0]], ref, atol=0, rtol=0)
+    # forward-only knobs left (grad RHT) do not touch the forward: p differs from minite only in backward knobs
+    assert p.replace(wgrad_rht=False, name="minite") == mt
+
+
+def test_grouped_equals_per_expert_linear():
+    g = GroupedLinear(3, 32, 16)
+    torch.nn.init.normal_(g.weight)
+    counts = torch.tensor([5, 0, 11])
+    x = torch.randn(16, 32)
+    for name in ["bf16", "te-nvfp4", "minite"]:
+        g.profile = PROFILES[name]
+        ref = torch.cat([linear(x[:5], g.weight[0], g.profile), linear(x[5:], g.weight[2], g.profile)])
+        torch.testing.assert_close(g(x, counts), ref, atol=0, rtol=0)
+    assert grouped_linear(x[:0], g.weight, torch.zeros(3, dtype=torch.long), PROFILES["bf16"]).shape == (0, 16)
+
+
+def test_calibrate_records_input_amax_and_static_profile_needs_it():
+    model, ids = _tiny_model()
+    set_profile(model, "vllm-nvfp4")
+    with pytest.raises(RuntimeError, match="calibrate"):
+        model(ids)
+    seen = {}
+    q_proj = model.model.layers[0].self_attn.q_proj
+    def record(module, args):
+        seen.setdefault("x", args[0].detach().abs().amax())  # first call = the calibration forward
+
+    h = q_proj.register_forward_pre_hook(record)
+    amax = calibrate(model, [ids])
+    h.remove()
+    assert q_proj.profile.name == "vllm-nvfp4"  # restored
+    assert amax["model.layers.0.self_attn.q_proj"] == pytest.approx(seen["x"].item())
+    assert model(ids).isfinite().all()
+
+
+def test_every_profile_runs_forward_and_learner_profiles_backward():
+    model, ids = _tiny_model()
+    calibrate(model, [ids])
+    for name, p in PROFILES.items():
+        set_profile(model, p)
+        out = model(ids)
+        assert out.isfinite().all(), name
+        if p.grad is not None or p.weight is None:
+            out.logsumexp(-1).mean().backward()
+            assert all(q.grad is not None and q.grad.isfinite().all() for q in model.parameters() if q.requires_grad), name
+            model.zero_grad()
