@@ -18,12 +18,13 @@ _EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide fo
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, profile: Profile, *,
-                   input_amax: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+                   input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None) -> torch.Tensor:
     """x: (T_sorted, K) grouped by expert in order; weight: (E, N, K); counts: (E,) -> (T_sorted, N)."""
     outs = []
-    for e, x_e in enumerate(x.split(counts.tolist())):
+    for e, x_e in enumerate(x.split(counts.tolist())):  # .tolist(): one host sync per grouped GEMM
         if x_e.shape[0]:
-            outs.append(linear(x_e, weight[e], profile, input_amax=input_amax, seed=seed + e * _EXPERT_SEED_STRIDE))
+            outs.append(linear(x_e, weight[e], profile, input_amax=input_amax, seed=seed + e * _EXPERT_SEED_STRIDE,
+                               cache=cache, key=e))
     if not outs:
         return x.new_empty(0, weight.shape[1], dtype=torch_dtype(profile.dtype))
     return torch.cat(outs)

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite_core.formats.nvfp4 import NVFP4Tensor, dequantize, quantize
-from minite_core.formats.rht import rht
+from minite_core.formats.nvfp4 import NVFP4Tensor
+from minite_core.kernels import dispatch
 from minite_core.profiles import PROFILES, Profile, Quant
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -36,18 +36,30 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=None, seed=None) -> NVFP4Tensor:
-    rounding = rounding or spec.rounding
-    gen = None
-    if rounding == "sr":
-        gen = torch.Generator(device=x.device).manual_seed(int(seed))
-    return quantize(x, block=spec.block, scale_mode=scale_mode or spec.scale_mode, amax=amax, rounding=rounding,
-                    math=spec.math, generator=gen, check=False)
+def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=None, seed=None, rht=False):
+    """Quantize through the kernel dispatch (reference on CPU, Triton on Hopper), the DESIGN.md numerics."""
+    overrides = {k: v for k, v in (("rounding", rounding), ("scale_mode", scale_mode)) if v is not None}
+    return dispatch.quantize(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)
 
 
-def gemm_nt(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
-    """â @ b̂ᵀ in fp32 [M, N]: the reference; kernels.dispatch replaces it on GPU."""
-    return dequantize(a) @ dequantize(b).t()
+def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key) -> object:
+    """Quantized weight (GEMM-ready operand), cached per module until the weight changes: the optimizer's
+    in-place step bumps `weight._version`, so each weight is quantized once per optimizer step, not per call."""
+    if cache is not None:
+        hit = cache.get((key, spec))
+        if hit is not None and hit[0] == weight._version:
+            return hit[1]
+    w = weight.detach().float()
+    w = w.t().contiguous() if key[-1] == "t" else w
+    op = dispatch.prepare_weight(_q(w, spec))
+    if cache is not None:
+        cache[(key, spec)] = (weight._version, op)
+    return op
+
+
+def gemm_nt(a, b) -> torch.Tensor:
+    """â @ b̂ᵀ in fp32 [M, N] (kernels.dispatch: reference on CPU, exact bf16-tensor-core GEMM on Hopper)."""
+    return dispatch.gemm(a, b, out_dtype=torch.float32)
 
 
 def _pad_rows16(x: torch.Tensor) -> torch.Tensor:
@@ -57,21 +69,21 @@ def _pad_rows16(x: torch.Tensor) -> torch.Tensor:
 
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int):
+    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key):
         # x: (M, K) compute dtype; weight: (N, K) master dtype
-        w_q = _q(weight.detach(), profile.weight)
+        w_q = _weight_operand(weight, profile.weight, cache, (key, "n"))
         if profile.activation is None:  # W4A16 (Marlin): activations stay in the compute dtype
-            y = x.detach().float() @ dequantize(w_q).t()
+            y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
             amax = input_amax if profile.activation.static else None
             y = gemm_nt(_q(x.detach(), profile.activation, amax=amax), w_q)
-        ctx.profile, ctx.seed, ctx.x_dtype = profile, seed, x.dtype
+        ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key = profile, seed, x.dtype, cache, key
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
-            x_t = _pad_rows16(x.detach().float()).t().contiguous()  # (K, M16)
-            x_t = rht(x_t) if profile.wgrad_rht else x_t
-            x_t_q = _q(x_t, profile.activation or profile.grad, scale_mode="tensor", rounding="rne")
+            x_t = _pad_rows16(x.detach()).t().contiguous()  # (K, M16)
+            x_t_q = _q(x_t, profile.activation or profile.grad, scale_mode="tensor", rounding="rne",
+                       rht=profile.wgrad_rht)
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
@@ -86,20 +98,20 @@ class _NVFP4Linear(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dy_q = _q(dy, profile.grad, seed=2 * seed)  # (M, N) along N
-            w_t_q = _q(weight.detach().float().t().contiguous(), profile.weight)  # (K, N) along N
+            w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"))  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             dy_t = _pad_rows16(dy).t().contiguous()  # (N, M16)
-            dy_t = rht(dy_t) if profile.wgrad_rht else dy_t
-            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1)
+            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht)
             dw = gemm_nt(dy_t_q, NVFP4Tensor(*x_t_parts)).to(weight.dtype)
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str = "linear",
-           input_amax: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+           input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None, key=None) -> torch.Tensor:
     """y = x Wᵀ under `profile`. x: (..., K); weight: (N, K). Returns (..., N) in the compute dtype
-    (router / LM head: in the profile's router / LM-head dtype)."""
+    (router / LM head: in the profile's router / LM-head dtype). `cache` (a dict owned by the module) keeps the
+    quantized weight between calls, `key` names the weight in it."""
     if role in ("router", "lm_head"):
         dtype = torch_dtype(profile.router_dtype if role == "router" else profile.lm_head_dtype)
         return F.linear(x.to(dtype), weight.to(dtype))
@@ -110,7 +122,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
                            "minite_core.nn.calibrate(model, batches) first")
     lead = x.shape[:-1]
-    y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed)
+    y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -129,9 +141,11 @@ class QuantLinear(nn.Module):
         self.profile: Profile = PROFILES["bf16"]
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.register_buffer("input_amax", None)  # static activation amax from calibrate()
+        self.weight_cache: dict = {}  # quantized weight per (spec, orientation), valid while weight._version holds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.profile, role=self.role, input_amax=self.input_amax, seed=self.seed)
+        return linear(x, self.weight, self.profile, role=self.role, input_amax=self.input_amax, seed=self.seed,
+                      cache=self.weight_cache, key="w")
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, role={self.role}, profile={self.profile.name}"

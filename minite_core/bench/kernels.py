@@ -1,0 +1,313 @@
+"""Kernel micro-benchmarks (`minite bench kernels`): every op against its baseline measured in the same run.
+
+Timing: CUDA events around each call after warm-up, median and 20/80 percentiles over `--reps` calls; memory-
+bound small ops (decode GEMM) are captured `--graph-inner` times in one CUDA graph cycling over enough weight
+copies to exceed L2 (60 MB on an H200), so neither launch gaps nor cache hits flatter them; the baseline gets
+the identical treatment. Rows: {"op","shape","time_ms","p20_ms","p80_ms","baseline","baseline_time_ms",
+"speedup"} (+ "gbps"/"tflops" where meaningful); speedup = baseline_time / time (> 1 = faster than baseline).
+
+Targets (brief): W4A4 linear forward (activation quantize + GEMM + scales, weights prepared) <= 1.10x bf16
+linear time at M=16384, N=K=4096 and for the grouped expert GEMM; quantize >= 70% of D2D copy bandwidth;
+decode GEMM >= 2.5x faster than cuBLAS bf16 for M in {1, 8, 16}, N=K in {4096, 8192}.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+import torch.nn.functional as F
+
+
+def _pct(ts, p):
+    ts = sorted(ts)
+    return ts[min(len(ts) - 1, int(round(p / 100 * (len(ts) - 1))))]
+
+
+def time_fn(fn, reps=30, warmup=5):
+    """Median, p20, p80 in ms of fn() with CUDA events (one pair per call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts), _pct(ts, 20), _pct(ts, 80)
+
+
+def time_graph(fns, reps=20, warmup=3):
+    """Capture all fns (one call each) in a CUDA graph; return per-call median/p20/p80 of replays."""
+    for f in fns:  # compile / warm
+        f()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    med, p20, p80 = time_fn(g.replay, reps=reps, warmup=warmup)
+    n = len(fns)
+    return med / n, p20 / n, p80 / n
+
+
+class Recorder:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, op, shape, t, base_name=None, base_t=None, **extra):
+        row = {"op": op, "shape": shape, "time_ms": t[0], "p20_ms": t[1], "p80_ms": t[2], "baseline": base_name,
+               "baseline_time_ms": None if base_t is None else base_t[0],
+               "speedup": None if base_t is None else base_t[0] / t[0]}
+        row.update(extra)
+        self.rows.append(row)
+        sp = "" if base_t is None else f"  x{row['speedup']:.3f} vs {base_name} {base_t[0]:.4f} ms"
+        ex = "  " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()) if extra else ""
+        print(f"{op:38s} {shape:28s} {t[0]:9.4f} ms [{t[1]:.4f}, {t[2]:.4f}]{sp}{ex}", flush=True)
+
+    def error(self, op, shape, exc):
+        print(f"{op:38s} {shape:28s} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        self.rows.append({"op": op, "shape": shape, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+
+
+def _guard(rec, op, shape, fn):
+    try:
+        fn()
+    except Exception as exc:  # a benchmark row failing must not lose the others; recorded in the JSON
+        rec.error(op, shape, exc)
+
+
+def bench_quantize(rec, m=16384, k=4096, reps=30):
+    from minite_core.kernels.quantize import quantize_triton
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    buf = torch.empty_like(x)
+    t_copy = time_fn(lambda: buf.copy_(x), reps)
+    copy_gbps = 2 * x.numel() * 2 / t_copy[0] / 1e6
+    shape = f"{m}x{k} bf16"
+    rec.add("d2d-copy", shape, t_copy, gbps=copy_gbps)
+    variants = {
+        "quantize-1x16-tensor-static": dict(amax=4.0),
+        "quantize-1x16-row-dynamic": dict(scale_mode="row"),
+        "quantize-1x16-tensor-dynamic": dict(),
+        "quantize-16x16-tensor-static": dict(block=(16, 16), amax=4.0),
+        "quantize-1x16-tensor-static-fast": dict(amax=4.0, math="fast"),
+        "quantize-1x16-tensor-static-sr": dict(amax=4.0, rounding="sr", seed=1),
+        "quantize-1x16-tensor-dynamic-rht": dict(rht=True),
+        "quantize-1x16-row-dynamic+dq": dict(scale_mode="row", emit_dq=True),
+    }
+    for name, kw in variants.items():
+        def run(kw=kw, name=name):
+            f = lambda: quantize_triton(x, check=False, **kw)  # noqa: E731
+            t = time_fn(f, reps)
+            out_bytes = m * k // 2 + m * k // 16 + (m * k * 2 if kw.get("emit_dq") else 0)
+            in_bytes = m * k * 2 * (2 if (kw.get("amax") is None and kw.get("scale_mode") != "row") else 1)
+            gbps = (m * k * 2 + out_bytes) / t[0] / 1e6  # compulsory bytes (input read once)
+            rec.add(name, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps,
+                    moved_gbps=(in_bytes + out_bytes) / t[0] / 1e6)
+        _guard(rec, name, shape, run)
+    # tile sweep for the default (1x16 row dynamic): BLOCK_M, BLOCK_K, num_warps
+    for bm, bk, nw in [(16, 256, 4), (8, 256, 4), (16, 512, 8), (32, 256, 8), (16, 128, 4), (4, 512, 4)]:
+        nm = f"quantize-tile-bm{bm}-bk{bk}-w{nw}"
+        _guard(rec, nm, shape, lambda bm=bm, bk=bk, nw=nw, nm=nm: rec.add(
+            nm, shape, time_fn(lambda: quantize_triton(x, scale_mode="row", check=False, block_m=bm, block_k=bk,
+                                                         num_warps=nw), reps), "d2d-copy", t_copy))
+
+
+def bench_linear(rec, m, n, k, reps=20, sweep=False):
+    from minite_core.kernels import gemm as G
+    from minite_core.kernels.quantize import quantize_triton
+
+    shape = f"M{m} N{n} K{k}"
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    t_bf16 = time_fn(lambda: F.linear(x, w), reps)
+    flops = 2 * m * n * k
+    rec.add("linear-bf16-cublas", shape, t_bf16, tflops=flops / t_bf16[0] / 1e9)
+
+    def fp8():
+        xf, wf = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        sx = torch.ones(m, 1, device="cuda")
+        sw = torch.ones(1, n, device="cuda")
+        t = time_fn(lambda: torch._scaled_mm(xf, wf.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16), reps)
+        rec.add("linear-fp8-rowwise-scaled_mm", shape, t, "linear-bf16-cublas", t_bf16, tflops=flops / t[0] / 1e9)
+    _guard(rec, "linear-fp8-rowwise-scaled_mm", shape, fp8)
+
+    tw, dw = quantize_triton(w, emit_dq=True)
+    W = G.DqOperand(dw, tw.global_scale)  # prepared weights (once per optimizer step)
+    ta, da = quantize_triton(x, scale_mode="row", emit_dq=True)
+    A = G.DqOperand(da, ta.global_scale)
+    # correctness spot check on the GPU (reference: fp32 dequantize + matmul)
+    yr = G.gemm_reference(ta, tw)
+    for nm, impl in (("cublas", G.gemm_cublas), ("triton", G.gemm_triton)):
+        def run(nm=nm, impl=impl):
+            y = impl(A, W, torch.float32)
+            rel = ((y - yr).norm() / yr.norm()).item()
+            t = time_fn(lambda: impl(A, W, torch.bfloat16), reps)
+            rec.add(f"gemm-w4a4-{nm}(dq operands)", shape, t, "linear-bf16-cublas", t_bf16,
+                    tflops=flops / t[0] / 1e9, rel_err=rel)
+
+            def fwd():
+                _, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
+                return impl(G.DqOperand(a_dq, _.global_scale), W, torch.bfloat16)
+            t2 = time_fn(fwd, reps)
+            rec.add(f"linear-w4a4-fwd-{nm}(quant+gemm)", shape, t2, "linear-bf16-cublas", t_bf16,
+                    tflops=flops / t2[0] / 1e9)
+        _guard(rec, f"gemm-w4a4-{nm}", shape, run)
+    if sweep:
+        for cfg in [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8),
+                    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=8),
+                    dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_stages=3, num_warps=8),
+                    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_stages=3, num_warps=8),
+                    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, num_warps=4)]:
+            nm = "gemm-triton-cfg-" + "-".join(f"{v}" for v in cfg.values())
+            _guard(rec, nm, shape, lambda cfg=cfg, nm=nm: rec.add(
+                nm, shape, time_fn(lambda: G.gemm_triton(A, W, torch.bfloat16, config=cfg), reps),
+                "linear-bf16-cublas", t_bf16))
+
+
+def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10):
+    from minite_core.kernels import gemm as G
+    from minite_core.kernels.quantize import quantize_triton
+
+    rows = tokens * topk
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    choice = torch.randint(0, experts, (rows,), device="cuda", generator=gen)
+    counts = torch.bincount(choice, minlength=experts)
+    offs = torch.cumsum(counts.to(torch.int32), 0, dtype=torch.int32)
+    for name, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+        shape = f"T{tokens}x{topk} E{experts} N{n} K{k}"
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        wt = w.transpose(-2, -1)
+        t_bf16 = time_fn(lambda: torch._grouped_mm(x, wt, offs=offs), reps)
+        flops = 2 * rows * n * k
+        rec.add(f"moe-{name}-bf16-grouped_mm", shape, t_bf16, tflops=flops / t_bf16[0] / 1e9)
+        qs = [quantize_triton(w[e], emit_dq=True) for e in range(experts)]
+        W = G.DqOperand(torch.stack([q[1] for q in qs]), torch.stack([q[0].global_scale for q in qs]))
+        ta, da = quantize_triton(x, scale_mode="row", emit_dq=True)
+        A = G.DqOperand(da, ta.global_scale)
+        for nm, impl in (("cublas", G.grouped_gemm_cublas), ("triton", G.grouped_gemm_triton)):
+            def run(nm=nm, impl=impl):
+                y = impl(A, W, counts, torch.float32)  # compile; exactness is checked in tests/test_kernels.py
+                t = time_fn(lambda: impl(A, W, counts, torch.bfloat16), reps)
+                rec.add(f"moe-{name}-w4a4-gemm-{nm}", shape, t, f"moe-{name}-bf16-grouped_mm", t_bf16,
+                        tflops=flops / t[0] / 1e9)
+
+                def fwd():
+                    q, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
+                    return impl(G.DqOperand(a_dq, q.global_scale), W, counts, torch.bfloat16)
+                t2 = time_fn(fwd, reps)
+                rec.add(f"moe-{name}-w4a4-fwd-{nm}(quant+gemm)", shape, t2, f"moe-{name}-bf16-grouped_mm", t_bf16,
+                        tflops=flops / t2[0] / 1e9)
+                del y
+            _guard(rec, f"moe-{name}-w4a4-{nm}", shape, run)
+        del x, w, wt, qs, W, A
+
+
+def bench_decode(rec, reps=20, sweep=False):
+    from minite_core.kernels.decode import decode_gemm_triton, decode_gemm_reference
+    from minite_core.kernels.quantize import quantize_triton
+
+    for nk in (4096, 8192):
+        copies = max(4, (256 << 20) // (nk * nk * 2))  # bf16 weight sets > 4x L2
+        ws = [torch.randn(nk, nk, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        qw = [quantize_triton(w)[0] for w in ws]
+        for m in (1, 8, 16):
+            shape = f"M{m} N{nk} K{nk}"
+            x = torch.randn(m, nk, device="cuda", dtype=torch.bfloat16)
+            t_bf16 = time_graph([lambda w=w: F.linear(x, w) for w in ws], reps)
+            rec.add("decode-bf16-cublas", shape, t_bf16, gbps=nk * nk * 2 / t_bf16[0] / 1e6)
+
+            def run():
+                y = decode_gemm_triton(x, qw[0], out_dtype=torch.float32)
+                yr = decode_gemm_reference(x, qw[0])
+                rel = ((y - yr).norm() / yr.norm()).item()
+                t = time_graph([lambda q=q: decode_gemm_triton(x, q) for q in qw], reps)
+                rec.add("decode-w4a16-triton", shape, t, "decode-bf16-cublas", t_bf16,
+                        gbps=nk * nk * 0.5625 / t[0] / 1e6, rel_err=rel)
+
+                def w4a4(q):
+                    tx, dx = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
+                    return decode_gemm_triton(dx, q, x_scale=tx.global_scale)
+                t2 = time_graph([lambda q=q: w4a4(q) for q in qw], reps)
+                rec.add("decode-w4a4-triton(quant+gemm)", shape, t2, "decode-bf16-cublas", t_bf16)
+                if sweep:
+                    for bn, bk, nw, ns in [(16, 256, 4, 3), (32, 512, 4, 3), (64, 256, 4, 4), (16, 512, 4, 4),
+                                           (32, 256, 8, 4), (64, 128, 4, 4)]:
+                        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+                        t3 = time_graph([lambda q=q: decode_gemm_triton(x, q, config=cfg) for q in qw], reps)
+                        rec.add(f"decode-w4a16-cfg-bn{bn}-bk{bk}-w{nw}-s{ns}", shape, t3, "decode-bf16-cublas", t_bf16)
+            _guard(rec, "decode", shape, run)
+        del ws, qw
+
+
+def _env(commit):
+    import triton
+
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = os.environ.get("MINITE_COMMIT", "unknown")
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": commit}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="minite bench kernels", description=__doc__.split("\n")[0])
+    p.add_argument("--json", required=True, help="output JSON (schema bench-kernels/v1)")
+    p.add_argument("--csv", required=True, help="output long-format CSV")
+    p.add_argument("--only", default="quantize,linear,moe,decode", help="comma list of sections")
+    p.add_argument("--sweep", action="store_true", help="also sweep Triton tile configs")
+    p.add_argument("--quick", action="store_true", help="small shapes / fewer reps (smoke)")
+    p.add_argument("--commit", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench kernels needs a CUDA GPU (none visible)")
+    only = set(args.only.split(","))
+    rec = Recorder()
+    torch.manual_seed(0)
+    if "quantize" in only:
+        bench_quantize(rec, *((1024, 1024) if args.quick else (16384, 4096)))
+    if "linear" in only:
+        bench_linear(rec, 16384, 4096, 4096, sweep=args.sweep)
+        if not args.quick:
+            bench_linear(rec, 8192, 8192, 8192)
+    if "moe" in only:
+        for tokens in ((4096,) if args.quick else (4096, 16384)):
+            bench_moe(rec, tokens)
+    if "decode" in only:
+        bench_decode(rec, sweep=args.sweep)
+    env = _env(args.commit)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"schema": "bench-kernels/v1", "env": env, "rows": rec.rows}, f, indent=1)
+    keys = ["op", "shape", "metric", "value", "gpu", "torch", "triton", "commit"]
+    with open(args.csv, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=keys)
+        wr.writeheader()
+        for r in rec.rows:
+            for metric, v in r.items():
+                if metric in ("op", "shape") or v is None:
+                    continue
+                wr.writerow({"op": r["op"], "shape": r["shape"], "metric": metric, "value": v, **env})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,515 @@
+"""Learner-update throughput (`minite bench learner`): BF16 vs TE-NVFP4 vs miniTE on one model, one process.
+
+What is timed: a COMPLETE learner update — forward (logits), next-token cross-entropy (token mean; the RL
+objective's cost is the same log-softmax + gather), backward, AdamW step, zero_grad — as the paper's "tokens/s
+for complete learner updates". One model with fp32 master weights and one AdamW serve every profile; only
+`set_profile` changes between steps, so model, batch, sequence length, optimizer state and allocator are shared.
+
+How it differs from timing each profile in its own run: profiles are interleaved round-robin (the starting
+profile rotates each round), so clock/thermal drift and allocator growth hit every profile alike, and the
+ratios (speedup_vs_bf16, speedup_vs_te_nvfp4, saved_act_ratio_vs_bf16) come from the same run. Each step is one
+timing sample (CUDA events on GPU, perf_counter on CPU; `bench.timing`); tokens/s = B·T / median step time;
+p20_tokens_per_s = B·T / p80 step time (the slow end), p80_tokens_per_s = B·T / p20 step time.
+
+Peak memory: `torch.cuda.max_memory_allocated`, reset before every step, max over the profile's timed steps (it
+includes the weights, grads and AdamW state that all profiles share).
+
+Saved-activation bytes (one extra forward per profile under `torch.autograd.graph.saved_tensors_hooks`): the
+unique storages the autograd graph keeps for backward, deduplicated by storage pointer (a tensor saved by q, k and
+v projections counts once; a saved view counts its whole storage, which is what stays alive), EXCLUDING
+  (1) storages of parameters (a weight or a view of it such as `weight[e]`, saved by an autograd Function), and
+  (2) tensors whose autograd history is only view/cast ops back to a parameter (the bf16 copy `weight.to(bf16)`
+      F.linear saves for dgrad).
+Everything else counts, including quantized weight copies an autograd Function might save without autograd
+history (none do today: QuantLinear re-quantizes W in backward). The loss's own saved log-softmax is excluded
+(identical for every profile; it belongs to the RL objective, not the model) — the count covers `model(ids)`.
+Reported as the total and the decoder-layer part (the LM head's input/logits are the rest), with a per-dtype
+breakdown (uint8/float8 = packed NVFP4 codes and scales).
+
+Shapes: on the GPU, Qwen3-30B-A3B's layer shapes (hidden 2048, 32 query / 4 KV heads, head_dim 128, 128 experts
+top-8, expert width 768) with fewer layers (fit the time budget) and the vocabulary reduced from 151,936 to
+32,768 (LM head + embedding are the same for every profile except miniTE's fp32 LM head; a smaller vocabulary
+keeps them from dominating a few-layer model). On CPU a tiny MoE runs the same code.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from minite_core.bench.timing import Stats, Timer
+from minite_core.model import PRESETS, CausalLM, set_profile
+from minite_core.model.qwen3_moe import DecoderLayer
+from minite_core.profiles import get_profile
+from minite_core.results import env_info, write_json
+
+SCHEMA = "throughput/v1"
+GB = 1e9
+
+# The paper's headline (arXiv 2610.23928 abstract): one B300 node, Qwen3-30B-A3B, complete learner updates.
+# Never mixed into measured rows. The implied baselines are our arithmetic, not the paper's numbers.
+PAPER = {
+    "source": "arXiv 2610.23928 (abstract)",
+    "hardware": "one NVIDIA B300 node (sm_100, native FP4 tensor cores)",
+    "model": "Qwen3-30B-A3B",
+    "minite_tokens_per_s": 33540,
+    "speedup_vs_bf16": 1.39,
+    "speedup_vs_te_nvfp4": 1.47,
+    "implied_bf16_tokens_per_s": round(33540 / 1.39),
+    "implied_te_nvfp4_tokens_per_s": round(33540 / 1.47),
+    "note": "the paper's numbers, not measured here; implied_* = 33540 / speedup (our arithmetic)",
+}
+
+# Targets for this reproduction on the H200 (sm_90, no FP4 tensor cores), all from the same run.
+TARGETS = {"minite_vs_bf16_min": 0.90, "minite_vs_te_nvfp4_min": 1.25, "minite_saved_act_ratio_max": 0.40}
+
+
+@dataclass(frozen=True)
+class LearnerBenchConfig:
+    name: str
+    model: str = "qwen3-30b-a3b"  # a model PRESETS key; layer shapes of the paper's model
+    layers: int | None = None  # num_hidden_layers override (None = preset's)
+    vocab_size: int | None = None  # vocabulary override (None = preset's)
+    batch: int = 4
+    seq: int = 2048
+    warmup: int = 3  # untimed rounds (Triton compile/autotune, allocator growth)
+    iters: int = 10  # timed rounds (each = one step of every profile), capped by budget_s
+    budget_s: float = 110.0  # wall-clock cap for the whole bench (the H200 DAG gets ~10 min in total)
+    profiles: tuple[str, ...] = ("bf16", "te-nvfp4", "minite")
+    param_dtype: str = "float32"  # fp32 master weights, as an RL learner keeps them
+    lr: float = 1e-6  # small: weights (and so MoE routing) barely move across the timed steps
+    tf32: bool = False  # torch default; True speeds fp32 GEMMs (miniTE's fp32 LM head) at TF32 precision
+    cpu_threads: int | None = None  # CPU only: torch intra-op threads for the run (None = leave as is)
+    seed: int = 0
+    model_overrides: dict = field(default_factory=dict)  # any other ModelConfig field
+
+    def model_config(self):
+        cfg = PRESETS[self.model]
+        over = dict(self.model_overrides)
+        if self.layers is not None:
+            over["num_hidden_layers"] = self.layers
+            over.setdefault("mlp_only_layers", tuple(i for i in cfg.mlp_only_layers if i < self.layers))
+        if self.vocab_size is not None:
+            over["vocab_size"] = self.vocab_size
+        return cfg.replace(**over)
+
+
+CONFIGS = {
+    # CPU smoke: tiny MoE (MoE, dense, MoE layers; hidden 64 so GEMM inputs are a realistic share of the saved
+    # activations), seconds on 2 cores. One thread: on the shared 2-core dev box, multi-threaded tiny GEMMs were
+    # 30-50x slower than single-threaded (OpenMP spin-waits under contention; 400 ms vs 8 ms per bf16 step).
+    "tiny": LearnerBenchConfig(name="tiny", model="tiny-moe", batch=2, seq=32, warmup=2, iters=5, budget_s=60.0,
+                               cpu_threads=1, model_overrides={"hidden_size": 64, "intermediate_size": 128,
+                                                               "moe_intermediate_size": 64}),
+    # H200: Qwen3-30B-A3B layer shapes. 6 layers = 3.9B params -> 63 GB of fp32 weights + grads + AdamW state,
+    # 8192 tokens per step. Vocabulary 32,768 instead of 151,936 (see module docstring).
+    "h200": LearnerBenchConfig(name="h200", model="qwen3-30b-a3b", layers=6, vocab_size=32768, batch=4, seq=2048,
+                               warmup=3, iters=10, budget_s=110.0),
+}
+
+
+def resolve_config(spec: str | None, device: torch.device, **overrides) -> LearnerBenchConfig:
+    """`tiny` | `h200` | path to a JSON file | inline JSON object ({"base": "h200", ...fields}); None = h200 on
+    CUDA, tiny on CPU. `overrides` with value None are ignored (CLI flags not given)."""
+    if spec is None:
+        spec = "h200" if device.type == "cuda" else "tiny"
+    if spec in CONFIGS:
+        cfg = CONFIGS[spec]
+    else:
+        text = Path(spec).read_text() if not spec.lstrip().startswith("{") else spec
+        fields = json.loads(text)
+        base = CONFIGS[fields.pop("base", "h200" if device.type == "cuda" else "tiny")]
+        if "profiles" in fields:
+            fields["profiles"] = tuple(fields["profiles"])
+        fields.setdefault("name", f"{base.name}+custom")
+        cfg = dataclasses.replace(base, **fields)
+    over = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(cfg, **over) if over else cfg
+
+
+# ---- model, data, one learner update ----------------------------------------------------------------------
+def build(cfg: LearnerBenchConfig, device: torch.device):
+    """Model (built on `device` directly), AdamW, and one fixed batch. Init N(0, 0.02) / norms 1 from a generator
+    on the device: CausalLM.init_weights draws on CPU for device-independence, which throughput does not need
+    and which costs tens of seconds at 4B parameters."""
+    mcfg = cfg.model_config()
+    with torch.device(device):
+        model = CausalLM(mcfg)
+    model.to(getattr(torch, cfg.param_dtype))
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    fused = device.type == "cuda"  # one kernel over all parameters on GPU; CPU uses the default (foreach)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, **({"fused": True} if fused else {}))
+    ids = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq + 1), generator=gen, device=device)
+    return model, opt, ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) inputs, (B, T) labels
+
+
+def _set_step_seed(model, step: int) -> None:
+    for module in model.modules():  # QuantLinear / GroupedLinear stochastic-rounding seeds, per step
+        if hasattr(module, "seed"):
+            module.seed = step
+
+
+def learner_step(model, opt, input_ids, labels) -> torch.Tensor:
+    logits = model(input_ids)  # (B, T, V) fp32
+    loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+# ---- saved activations ------------------------------------------------------------------------------------
+_VIEW_OR_CAST = ("ToCopyBackward", "TBackward", "ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward",
+                 "ExpandBackward", "SelectBackward", "SliceBackward", "TransposeBackward", "PermuteBackward",
+                 "UnsqueezeBackward", "SqueezeBackward", "AliasBackward", "CloneBackward", "SplitBackward",
+                 "SplitWithSizesBackward", "UnbindBackward", "NarrowBackward", "AsStridedBackward")
+
+
+def _is_param_derived(t: torch.Tensor, param_ids: set[int]) -> bool:
+    """Rule (2): the autograd history is a chain of view/cast ops ending at a parameter's AccumulateGrad."""
+    node = t.grad_fn
+    while node is not None:
+        if type(node).__name__ == "AccumulateGrad" or node.name() == "torch::autograd::AccumulateGrad":
+            return id(node.variable) in param_ids
+        if not node.name().rstrip("0123456789").endswith(_VIEW_OR_CAST):
+            return False
+        inputs = [fn for fn, _ in node.next_functions if fn is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+    return False
+
+
+def saved_activation_bytes(model, input_ids) -> dict:
+    """Bytes the autograd graph of one `model(input_ids)` keeps for backward, parameters excluded (rules in the
+    module docstring). Returns {"total", "decoder", "by_dtype": {dtype: bytes}, "by_producer": {grad_fn: bytes}}
+    (producer = the autograd node that made the saved tensor, a hint at where the bytes come from)."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_ids = {id(p) for p in model.parameters()}
+    seen: dict[int, tuple[int, str, bool, str]] = {}  # storage ptr -> (bytes, dtype, in a decoder layer, producer)
+    region = {"decoder": False}
+
+    def pack(t: torch.Tensor):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in param_ptrs or ptr in seen or _is_param_derived(t, param_ids):
+            return t
+        producer = type(t.grad_fn).__name__ if t.grad_fn is not None else "no-grad (inside an autograd Function)"
+        seen[ptr] = (t.untyped_storage().nbytes(), str(t.dtype).removeprefix("torch."), region["decoder"], producer)
+        return t  # keep it alive: storages are not recycled (so pointers stay unique) during the count
+
+    def enter(*_):
+        region["decoder"] = True
+
+    def leave(*_):
+        region["decoder"] = False
+
+    handles = []
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = model(input_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    del logits  # frees the graph without a backward
+    by_dtype: dict[str, int] = {}
+    by_producer: dict[str, int] = {}
+    for nbytes, dtype, _, producer in seen.values():
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+        by_producer[producer] = by_producer.get(producer, 0) + nbytes
+    return {"total": sum(v[0] for v in seen.values()), "decoder": sum(v[0] for v in seen.values() if v[2]),
+            "by_dtype": by_dtype, "by_producer": by_producer}
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------------
+def run(cfg: LearnerBenchConfig, device: torch.device, log=print) -> dict:
+    """Run the bench; return the throughput/v1 payload (without writing it)."""
+    for name in cfg.profiles:
+        get_profile(name)  # unknown names fail before any work
+    t_start = time.perf_counter()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    threads = torch.get_num_threads()
+    if not cuda and cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
+    try:
+        return _run(cfg, device, log, t_start, cuda)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cuda: bool) -> dict:
+    model, opt, input_ids, labels = build(cfg, device)
+    tokens = input_ids.numel()
+    P = len(cfg.profiles)
+
+    def one_round(r: int, timed: bool, samples: dict, peaks: dict):
+        k = r % P
+        for name in cfg.profiles[k:] + cfg.profiles[:k]:  # rotate the starting profile every round
+            set_profile(model, name)
+            _set_step_seed(model, r)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            with Timer(device) as t:
+                learner_step(model, opt, input_ids, labels)
+            if cuda and timed:  # timed steps only: warm-up may hold Triton autotuning buffers
+                peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device))
+            if timed:
+                samples[name].append(t.elapsed_ms)
+
+    samples = {name: [] for name in cfg.profiles}
+    peaks: dict[str, int] = {}
+    round_s, warmup = 0.0, cfg.warmup
+    for r in range(cfg.warmup):
+        t0 = time.perf_counter()
+        one_round(r, False, samples, peaks)
+        round_s = time.perf_counter() - t0
+        log(f"warm-up round {r + 1}/{cfg.warmup}: {round_s:.2f} s")
+        # budget: keep room for the saved-activation forwards (~1/3 round) and 3 timed rounds
+        if r + 1 < cfg.warmup and time.perf_counter() - t_start + 4.5 * round_s > cfg.budget_s:
+            warmup = r + 1
+            log(f"budget {cfg.budget_s:.0f} s: stopping warm-up after {warmup} rounds")
+            break
+
+    saved = {}
+    for name in cfg.profiles:  # counted after warm-up: kernels compiled, same weights as the timed steps
+        set_profile(model, name)
+        saved[name] = saved_activation_bytes(model, input_ids)
+    if cuda:
+        torch.cuda.synchronize(device)
+
+    iters = cfg.iters
+    if round_s > 0:  # cap the timed rounds so the whole bench stays within budget_s (at least 3 rounds)
+        left = cfg.budget_s - (time.perf_counter() - t_start)
+        iters = max(min(3, cfg.iters), min(cfg.iters, int(left / round_s)))
+    for r in range(iters):
+        one_round(warmup + r, True, samples, peaks)
+        if r + 1 >= 3 and time.perf_counter() - t_start > cfg.budget_s:
+            log(f"budget {cfg.budget_s:.0f} s reached after {r + 1} timed rounds")
+            iters = r + 1
+            break
+    log(f"{iters} timed rounds, {time.perf_counter() - t_start:.1f} s total")
+
+    stats = {name: Stats.of(samples[name]) for name in cfg.profiles}
+    rows = []
+    for name in cfg.profiles:
+        s, sv = stats[name], saved[name]
+        rows.append({
+            "profile": name,
+            "tokens_per_s": tokens / (s.median_ms / 1e3),
+            "p20_tokens_per_s": tokens / (s.p80_ms / 1e3),
+            "p80_tokens_per_s": tokens / (s.p20_ms / 1e3),
+            "step_ms": s.median_ms, "step_ms_p20": s.p20_ms, "step_ms_p80": s.p80_ms, "n_steps": s.n,
+            "peak_mem_gb": peaks[name] / GB if name in peaks else None,
+            "saved_act_gb": sv["total"] / GB,
+            "saved_act_decoder_gb": sv["decoder"] / GB,
+            "saved_act_by_dtype_gb": {k: v / GB for k, v in sorted(sv["by_dtype"].items())},
+            "saved_act_by_producer_gb": {k: v / GB for k, v in sorted(sv["by_producer"].items(),
+                                                                      key=lambda kv: -kv[1])},
+        })
+    by_name = {row["profile"]: row for row in rows}
+    for row in rows:
+        bf16, te = by_name.get("bf16"), by_name.get("te-nvfp4")
+        row["saved_act_ratio_vs_bf16"] = row["saved_act_gb"] / bf16["saved_act_gb"] if bf16 else None
+        row["saved_act_decoder_ratio_vs_bf16"] = (row["saved_act_decoder_gb"] / bf16["saved_act_decoder_gb"]
+                                                  if bf16 and bf16["saved_act_decoder_gb"] else None)
+        row["speedup_vs_bf16"] = row["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None
+        row["speedup_vs_te_nvfp4"] = row["tokens_per_s"] / te["tokens_per_s"] if te else None
+
+    mcfg = cfg.model_config()
+    config = {**dataclasses.asdict(cfg), "warmup_run": warmup, "iters_run": iters, "tokens_per_step": tokens,
+              "device": str(device),
+              "model_config": dataclasses.asdict(mcfg), "num_parameters": model.num_parameters(),
+              "kernel_backend": _kernel_backend(), "optimizer": "AdamW(fused)" if cuda else "AdamW(foreach)",
+              "loss": "next-token cross-entropy, token mean"}
+    return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
+            "targets": _check_targets(by_name, cuda), "paper": PAPER}
+
+
+def _kernel_backend() -> str:
+    try:
+        from minite_core.kernels.dispatch import select_backend
+    except ImportError as e:
+        return f"unavailable ({e})"
+    try:
+        return select_backend()
+    except RuntimeError as e:
+        return f"unusable ({e})"
+
+
+def _check_targets(by_name: dict, cuda: bool) -> dict:
+    out = {**TARGETS, "applicable": cuda, "note": "targets are for the H200 run; CPU smoke only checks the code"}
+    m = by_name.get("minite")
+    if m is None:
+        return out
+    out["minite_vs_bf16"] = m["speedup_vs_bf16"]
+    out["minite_vs_te_nvfp4"] = m["speedup_vs_te_nvfp4"]
+    out["minite_saved_act_ratio"] = m["saved_act_ratio_vs_bf16"]
+    checks = [(m["speedup_vs_bf16"], lambda v: v >= TARGETS["minite_vs_bf16_min"]),
+              (m["speedup_vs_te_nvfp4"], lambda v: v >= TARGETS["minite_vs_te_nvfp4_min"]),
+              (m["saved_act_ratio_vs_bf16"], lambda v: v <= TARGETS["minite_saved_act_ratio_max"])]
+    out["met"] = [None if v is None else bool(ok(v)) for v, ok in checks]
+    return out
+
+
+# ---- outputs ----------------------------------------------------------------------------------------------
+CSV_METRICS = ("tokens_per_s", "p20_tokens_per_s", "p80_tokens_per_s", "step_ms", "step_ms_p20", "step_ms_p80",
+               "peak_mem_gb", "saved_act_gb", "saved_act_decoder_gb", "saved_act_ratio_vs_bf16",
+               "speedup_vs_bf16", "speedup_vs_te_nvfp4")
+
+
+def write_csv(path, payload: dict) -> Path:
+    """Long format: one line per (profile, metric), with GPU / torch / commit / time on every line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    env, now = payload["env"], datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["experiment", "profile", "metric", "value", "gpu", "torch", "commit", "time"])
+        for row in payload["rows"]:
+            for metric in CSV_METRICS:
+                w.writerow([payload["experiment"], row["profile"], metric, row[metric], env.get("gpu"),
+                            env.get("torch"), env.get("commit"), now])
+    return path
+
+
+def _fmt(v, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def throughput_table(res: dict | str | Path) -> str:
+    """Markdown for the report from a throughput/v1 JSON (dict or path): setup line, measured table, targets,
+    and the paper's B300 numbers in their own table."""
+    if not isinstance(res, dict):
+        res = json.loads(Path(res).read_text())
+    c, m = res["config"], res["config"]["model_config"]
+    lines = [
+        f"Measured on **{res['env'].get('gpu')}** (torch {res['env'].get('torch')}, commit "
+        f"`{res['env'].get('commit')}`, kernels: {c.get('kernel_backend')}). Model: {m['num_hidden_layers']} "
+        f"layers of hidden {m['hidden_size']}, {m['num_attention_heads']}/{m['num_key_value_heads']} heads × "
+        f"{m['head_dim']}, {m['num_experts']} experts top-{m['num_experts_per_tok']} × {m['moe_intermediate_size']}, "
+        f"vocab {m['vocab_size']:,} ({c['num_parameters'] / 1e9:.2f} B parameters, {c['param_dtype']} masters, "
+        f"{c['optimizer']}); batch {c['batch']} × {c['seq']} = {c['tokens_per_step']:,} tokens per update; "
+        f"median of {c['iters_run']} interleaved rounds after {c.get('warmup_run', c['warmup'])} warm-up rounds.",
+        "",
+        "| profile | tokens/s (median) | p20–p80 tokens/s | step ms | × BF16 | × TE-NVFP4 | peak mem GB "
+        "| saved act GB | saved act × BF16 (decoder layers) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        tps = f"{r['tokens_per_s']:,.0f} | {r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f}"
+        ratios = f"{_fmt(r['speedup_vs_bf16'], '.3f')} | {_fmt(r['speedup_vs_te_nvfp4'], '.3f')}"
+        act = (f"{r['saved_act_gb']:.3g} | {_fmt(r['saved_act_ratio_vs_bf16'], '.3f')} "
+               f"({_fmt(r.get('saved_act_decoder_ratio_vs_bf16'), '.3f')})")
+        mem = _fmt(r["peak_mem_gb"], ".1f")
+        lines.append(f"| {r['profile']} | {tps} | {r['step_ms']:.1f} | {ratios} | {mem} | {act} |")
+    t = res.get("targets", {})
+    if "met" in t:
+        marks = ["—" if ok is None else ("met" if ok else "**missed**") for ok in t["met"]]
+        scope = "" if t.get("applicable") else " (CPU smoke run: targets apply to the H200 run only)"
+        lines += ["", f"Targets{scope}: miniTE ≥ {t['minite_vs_bf16_min']:.2f}× BF16 tokens/s "
+                      f"({_fmt(t.get('minite_vs_bf16'), '.3f')}×, {marks[0]}); "
+                      f"≥ {t['minite_vs_te_nvfp4_min']:.2f}× TE-NVFP4 "
+                      f"({_fmt(t.get('minite_vs_te_nvfp4'), '.3f')}×, {marks[1]}); "
+                      f"saved activations ≤ {t['minite_saved_act_ratio_max']:.2f}× BF16 "
+                      f"({_fmt(t.get('minite_saved_act_ratio'), '.3f')}×, {marks[2]})."]
+    p = res["paper"]
+    lines += ["", f"The paper's numbers ({p['hardware']}, {p['model']}; not measured here):", "",
+              "| source | miniTE tokens/s | × BF16 | × TE-NVFP4 |", "|---|---:|---:|---:|",
+              f"| {p['source']} | {p['minite_tokens_per_s']:,} | {p['speedup_vs_bf16']:.2f} | "
+              f"{p['speedup_vs_te_nvfp4']:.2f} |"]
+    return "\n".join(lines) + "\n"
+
+
+REPORT_NOTE = """\
+What this measures: tokens/s of a complete learner update (forward, loss, backward, AdamW step, zero_grad) for
+BF16, TE's NVFP4 recipe (`te-nvfp4`: 2D 16×16 weights, RHT on the wgrad operands, stochastic rounding) and
+miniTE (`minite`: 1×16 weights, per-token activation scales, SR gradients, no RHT, fp32 router / LM head), on one
+model, one batch, in one process, the profiles interleaved round-robin so drift hits them alike. Every ratio
+comes from this one run; the paper's B300 numbers are quoted separately and never mixed with ours.
+
+Why the H200 cannot show the paper's headline: the paper's 1.39× over BF16 comes from Blackwell's FP4 tensor
+cores, which run an NVFP4 GEMM at 2–4× the bf16 rate. Hopper (sm_90) has none: `torch._scaled_mm` on
+`float4_e2m1fn_x2` is not supported there, so an *exact* NVFP4 GEMM dequantizes e2m1 × e4m3 to bf16 (exactly
+representable) and runs on the bf16 tensor cores — the same GEMM time as BF16 plus the quantize passes. Beating
+BF16 on an H200 is therefore not expected; the H200 target is to lose at most 10% (miniTE ≥ 0.90× BF16).
+
+What the H200 *can* show is the work miniTE's recipe removes relative to TE's, which is overhead on any GPU:
+fewer quantize passes (one fused pass emits the row-wise x for the forward GEMM and the column-wise xᵀ kept for
+wgrad; TE's recipe first rotates both wgrad operands, xᵀ and dyᵀ, with a random Hadamard transform — an extra
+read-transform-write of each), no RHT, 2D tiling or stochastic rounding in the forward, fused quantize+GEMM
+kernels, and packed saved activations (the NVFP4 xᵀ, ≈4.5 bits per element, instead of the bf16 x). TE's NVFP4
+needs sm_100+, so `te-nvfp4` here is TE's *recipe* executed by this harness's kernels: the ratio measures the
+recipe's extra work, not TE's software. Targets, same run: miniTE ≥ 1.25× TE-NVFP4 tokens/s, and miniTE's
+saved-activation bytes ≤ 0.40× BF16.
+
+Saved activations count the unique storages autograd keeps for backward during one `model(ids)` forward,
+excluding parameters and view/cast copies of parameters (e.g. `weight.to(bf16)`); the loss's log-softmax is
+excluded (identical for every profile). Packing shrinks only the GEMM inputs; norms, SwiGLU, the MoE combine and
+attention save the rest, which is why the decoder-layer ratio is shown beside the total.
+"""
+
+
+def throughput_section(res: dict | str | Path | None) -> str:
+    """The report's section: heading, REPORT_NOTE, and throughput_table (or `_not run_`)."""
+    head = "## Learner-update throughput: BF16 vs TE-NVFP4 vs miniTE\n\n"
+    if res is None or (not isinstance(res, dict) and not Path(res).exists()):
+        return head + "_not run_\n"
+    return head + REPORT_NOTE + "\n" + throughput_table(res)
+
+
+# ---- CLI --------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="minite bench learner", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=None, help="tiny | h200 | JSON file | inline JSON (default: h200 on CUDA, "
+                                                   "tiny on CPU)")
+    ap.add_argument("--profiles", default=None, help="comma list, e.g. bf16,te-nvfp4,minite")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--seq", type=int)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--vocab", type=int, dest="vocab_size")
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--iters", type=int)
+    ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock cap for the whole bench")
+    ap.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--experiment", default="adhoc")
+    ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
+    ap.add_argument("--csv", default=None, help="also write a long-format CSV")
+    ap.add_argument("--markdown", default=None, help="also write throughput_table() markdown")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    profiles = tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None
+    cfg = resolve_config(args.config, device, profiles=profiles, batch=args.batch, seq=args.seq, layers=args.layers,
+                         vocab_size=args.vocab_size, warmup=args.warmup, iters=args.iters, budget_s=args.budget_s,
+                         tf32=args.tf32, seed=args.seed)
+    print(f"learner bench: config {cfg.name} on {device}: {cfg}", flush=True)
+    payload = run(cfg, device, log=lambda s: print(s, flush=True))
+    payload["experiment"] = args.experiment
+    write_json(args.out, payload)
+    if args.csv:
+        write_csv(args.csv, payload)
+    table = throughput_table(payload)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(table)
+    print(table, flush=True)
+    return 0

@@ -1,0 +1,125 @@
+"""Learner-update throughput bench: the tiny CPU run end to end (through `minite bench learner`), the
+saved-activation counting rule, and the timing helpers."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minite_core.bench import learner
+from minite_core.bench.cli import main as bench_main
+from minite_core.bench.timing import Stats, Timer, bench, percentile
+
+PROFILES = ("bf16", "te-nvfp4", "minite")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("throughput")
+    rc = bench_main(["learner", "--config", "tiny", "--device", "cpu", "--warmup", "1", "--iters", "2",
+                     "--experiment", "test", "--out", str(out / "learner.json"), "--csv", str(out / "learner.csv"),
+                     "--markdown", str(out / "learner.md")])
+    assert rc == 0
+    return out
+
+
+def test_tiny_bench_writes_valid_json(tiny_run):
+    res = json.loads((tiny_run / "learner.json").read_text())
+    assert res["schema"] == "throughput/v1" and res["experiment"] == "test"
+    assert {"gpu", "torch", "commit"} <= set(res["env"])
+    assert res["config"]["iters_run"] == 2 and res["config"]["tokens_per_step"] == 2 * 32
+    assert [r["profile"] for r in res["rows"]] == list(PROFILES)
+    for r in res["rows"]:
+        for key in ("tokens_per_s", "p20_tokens_per_s", "p80_tokens_per_s", "step_ms", "peak_mem_gb", "saved_act_gb",
+                    "saved_act_ratio_vs_bf16", "speedup_vs_bf16", "speedup_vs_te_nvfp4"):
+            assert key in r, key
+        assert r["p20_tokens_per_s"] <= r["tokens_per_s"] <= r["p80_tokens_per_s"]
+        assert r["tokens_per_s"] == pytest.approx(64 / (r["step_ms"] / 1e3))
+        assert r["peak_mem_gb"] is None  # CPU: no CUDA allocator statistics
+        assert r["saved_act_gb"] > 0
+    rows = {r["profile"]: r for r in res["rows"]}
+    assert rows["bf16"]["speedup_vs_bf16"] == 1.0 and rows["te-nvfp4"]["speedup_vs_te_nvfp4"] == 1.0
+    assert rows["minite"]["speedup_vs_bf16"] == pytest.approx(
+        rows["minite"]["tokens_per_s"] / rows["bf16"]["tokens_per_s"])
+
+
+def test_minite_saves_fewer_activation_bytes_than_bf16(tiny_run):
+    rows = {r["profile"]: r for r in json.loads((tiny_run / "learner.json").read_text())["rows"]}
+    assert rows["bf16"]["saved_act_ratio_vs_bf16"] == 1.0
+    assert rows["minite"]["saved_act_ratio_vs_bf16"] < 1.0  # packed x^T (uint8 + e4m3) instead of bf16 x
+    assert rows["minite"]["saved_act_by_dtype_gb"].get("uint8", 0) > 0
+    assert rows["bf16"]["saved_act_by_dtype_gb"].get("uint8", 0) == 0
+
+
+def test_paper_block_is_separate_from_measured_rows(tiny_run):
+    res = json.loads((tiny_run / "learner.json").read_text())
+    assert res["paper"]["minite_tokens_per_s"] == 33540
+    assert res["paper"]["speedup_vs_bf16"] == 1.39 and res["paper"]["speedup_vs_te_nvfp4"] == 1.47
+    assert "B300" in res["paper"]["hardware"]
+    assert all(r["profile"] in PROFILES for r in res["rows"])
+    assert all(33540 not in r.values() for r in res["rows"])
+    md = (tiny_run / "learner.md").read_text()
+    assert md == learner.throughput_table(tiny_run / "learner.json")
+    assert "not measured here" in md and all(f"| {p} |" in md for p in PROFILES)
+
+
+def test_csv_is_long_format(tiny_run):
+    with (tiny_run / "learner.csv").open() as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == len(PROFILES) * len(learner.CSV_METRICS)
+    assert {line["profile"] for line in lines} == set(PROFILES)
+    assert all(line["experiment"] == "test" and line["gpu"] and line["commit"] for line in lines)
+
+
+class _CastLinear(nn.Module):
+    """fp32 master weight cast to bf16 per call, as the model does: the cast must not count as an activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(32, 16))
+        self.experts = nn.Parameter(torch.randn(2, 32, 16))
+
+    def forward(self, x):
+        h = F.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16))  # saves x_bf16, weight_bf16 (a cast)
+        h = h + F.linear(x.to(torch.bfloat16), self.experts[1].to(torch.bfloat16))  # select + cast of a param
+        return F.linear(h, self.weight.t().to(torch.bfloat16))  # saves h, a transposed cast
+
+
+def test_saved_activation_rule_excludes_parameters_and_their_casts():
+    x = torch.randn(8, 16)
+    counted = learner.saved_activation_bytes(_CastLinear(), x)
+    x_bf16_bytes, h_bytes = 8 * 16 * 2, 8 * 32 * 2  # x.to(bf16) is made twice: two storages
+    assert counted["total"] == 2 * x_bf16_bytes + h_bytes
+    assert counted["by_dtype"] == {"bfloat16": counted["total"]}
+    assert counted["decoder"] == 0  # no DecoderLayer in this module
+
+
+def test_resolve_config_overrides_and_json():
+    cpu = torch.device("cpu")
+    assert learner.resolve_config(None, cpu).name == "tiny"
+    cfg = learner.resolve_config('{"base": "h200", "layers": 2, "profiles": ["bf16", "minite"]}', cpu, batch=1,
+                                 seq=None)
+    assert (cfg.layers, cfg.batch, cfg.seq, cfg.profiles) == (2, 1, 2048, ("bf16", "minite"))
+    mcfg = cfg.model_config()
+    assert (mcfg.hidden_size, mcfg.num_experts, mcfg.num_experts_per_tok, mcfg.moe_intermediate_size) == (
+        2048, 128, 8, 768)
+    assert (mcfg.num_hidden_layers, mcfg.vocab_size) == (2, 32768)
+    with pytest.raises(ValueError, match="unknown profile"):
+        learner.run(learner.resolve_config("tiny", cpu, profiles=("bf16", "nope")), cpu)
+
+
+def test_timing_helpers():
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 20) == 2.0
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 80) == 4.0
+    s = Stats.of([3.0, 1.0, 2.0])
+    assert (s.median_ms, s.p20_ms, s.p80_ms, s.n) == (2.0, 1.0, 3.0, 3)
+    with Timer("cpu") as t:
+        sum(range(1000))
+    assert t.elapsed_ms >= 0
+    calls = []
+    stats = bench(lambda: calls.append(1), warmup=2, reps=3)
+    assert len(calls) == 5 and stats.n == 3

@@ -1,0 +1,260 @@
+"""Kernels vs the plain torch reference (`minite_core.formats`).
+
+CPU: the Triton kernels run under TRITON_INTERPRET=1 (set here before triton is first imported; when another
+test module imported triton earlier without it, the interpreter tests skip with that reason). Tiny shapes —
+the interpreter is slow on 2 cores. GPU (`-m gpu`): the same checks compiled for CUDA, larger shapes.
+Codes and scales: atol=0. GEMM outputs: relative error against an fp32 reference, within TOL (fp32
+accumulation order only — the products are exact in bf16).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import pytest
+import torch
+
+if "triton" not in sys.modules and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+cpu_kernels = pytest.mark.skipif(not (INTERPRETED or CUDA),
+                                 reason="triton imported before this module without TRITON_INTERPRET=1 and no GPU")
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")]
+
+from minite_core.formats import nvfp4 as ref  # noqa: E402
+from minite_core.formats.swizzle import unswizzle_scales  # noqa: E402
+from minite_core.kernels import dispatch, native  # noqa: E402
+from minite_core.kernels import gemm as G  # noqa: E402
+from minite_core.kernels.decode import decode_gemm_reference, decode_gemm_triton  # noqa: E402
+from minite_core.kernels.quantize import quantize_reference, quantize_triton  # noqa: E402
+from minite_core.profiles import Quant  # noqa: E402
+
+TOL = {"gemm_rel": 1e-5}  # fp32 accumulation-order differences on K <= 4096 with exact products
+
+DEV = "cuda" if CUDA else "cpu"
+COMBOS = list(itertools.product([(1, 16), (16, 16)], ["tensor", "row"], ["exact", "fast"], [None, 3.0],
+                                [False, True], [torch.float32, torch.bfloat16]))
+
+
+def _same(t_sut, t_ref, dq_sut=None, dq_ref=None):
+    assert torch.equal(t_sut.data.cpu(), t_ref.data.cpu()), "codes differ"
+    assert torch.equal(t_sut.scale.view(torch.uint8).cpu(), t_ref.scale.view(torch.uint8).cpu()), "scales differ"
+    assert torch.equal(t_sut.global_scale.cpu(), t_ref.global_scale.cpu()), "global scales differ"
+    if dq_sut is not None:
+        assert torch.equal(dq_sut.cpu(), dq_ref.cpu()), "bf16 dequantized copy differs"
+
+
+def _input(m, k, dtype, seed=0, device=DEV):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g).mul(8).exp2()  # rows of varied amax
+    x[0, :16] = 0.0  # an all-zero block
+    if m > 1:
+        x[1, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.1, -0.0, 6.0, 7.0, 1e-30, -3.5, 0.5, 1, 2])
+    if m > 2:
+        x[2] = 0.0  # an all-zero row (amax 0 -> S_enc 1)
+    return x.to(dtype).to(device)
+
+
+@cpu_kernels
+@pytest.mark.parametrize("block,mode,math,amax,rht,dtype", COMBOS)
+def test_quantize_bitexact(block, mode, math, amax, rht, dtype):
+    x = _input(32, 48, dtype)
+    t_sut, dq_sut = quantize_triton(x, block=block, scale_mode=mode, math=math, amax=amax, rht=rht, emit_dq=True)
+    t_ref, dq_ref = quantize_reference(x.cpu(), block=block, scale_mode=mode, math=math, amax=amax, rht=rht,
+                                       emit_dq=True)
+    _same(t_sut, t_ref, dq_sut, dq_ref)
+
+
+@cpu_kernels
+@pytest.mark.parametrize("m,k", [(1, 16), (3, 16), (5, 80), (17, 272)])
+def test_quantize_odd_shapes(m, k):
+    x = _input(m, k, torch.float32, seed=m)
+    for mode in ("tensor", "row"):
+        _same(quantize_triton(x, scale_mode=mode)[0], quantize_reference(x.cpu(), scale_mode=mode)[0])
+    _same(quantize_triton(x, block_k=32)[0], quantize_reference(x.cpu())[0])  # several K tiles + masked tail
+
+
+@cpu_kernels
+def test_quantize_edge_hand_cases():
+    # static amax 2688 -> S_enc = 1, block amax 6 -> sf = 1: the values are their own scaled values
+    x = torch.tensor([[0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.1, -0.0, 6.0, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0]])
+    t, _ = quantize_triton(x.to(DEV), amax=2688.0)
+    codes = torch.stack([t.data.cpu() & 15, t.data.cpu() >> 4], -1).flatten()
+    assert codes.tolist() == [0, 2, 2, 4, 4, 6, 6, 8, 0, 7, 0, 1, 2, 4, 5, 6]
+    # static amax below the data: saturates at 448 / code 7, never NaN
+    y = torch.full((1, 16), 100.0)
+    t, _ = quantize_triton(y.to(DEV), amax=1.0)
+    assert t.scale.float().max().item() == 448.0 and (t.data.cpu() == 0x77).all()
+
+
+@cpu_kernels
+def test_quantize_rejects_like_reference():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_triton(torch.zeros(4, 24, device=DEV))
+    with pytest.raises(ValueError, match="16x16"):
+        quantize_triton(torch.zeros(8, 32, device=DEV), block=(16, 16))
+    with pytest.raises(ValueError, match="non-finite"):
+        quantize_triton(torch.full((1, 16), float("nan"), device=DEV))
+    with pytest.raises(ValueError, match="seed"):
+        quantize_triton(torch.zeros(1, 16, device=DEV), rounding="sr")
+
+
+@cpu_kernels
+def test_stochastic_rounding_unbiased():
+    # one block whose amax pins sf: values between grid points; E[dequant] must equal x
+    m, k = 64, 64
+    base = torch.tensor([0.3, 0.7, 1.1, 1.6, 2.2, 2.9, 3.3, 4.7, -0.3, -1.1, -2.2, -4.7, 0.1, 5.5, 0.0, 6.0])
+    x = base.repeat(m, k // 16).to(DEV)
+    acc = torch.zeros(m, k)
+    n_seeds = 8
+    for seed in range(n_seeds):
+        t, _ = quantize_triton(x, rounding="sr", seed=seed, amax=2688.0)
+        acc += ref.dequantize(ref.NVFP4Tensor(t.data.cpu(), t.scale.cpu(), t.global_scale.cpu()))
+    mean = (acc / n_seeds).view(-1, 16).mean(0)  # 256 draws per value
+    # binomial std of the mean <= 0.5 * gap / sqrt(256) = gap / 32 (gap <= 2): 4 sigma = 0.25
+    assert torch.allclose(mean, base, atol=0.25), (mean, base)
+    t0, _ = quantize_triton(x, rounding="sr", seed=0, amax=2688.0)
+    t0b, _ = quantize_triton(x, rounding="sr", seed=0, amax=2688.0)
+    t1, _ = quantize_triton(x, rounding="sr", seed=1, amax=2688.0)
+    assert torch.equal(t0.data, t0b.data) and not torch.equal(t0.data, t1.data)  # seeded, reproducible
+
+
+def _gemm_case(m, n, k, mode_a="row", mode_b="tensor", seed=0):
+    a = _input(m, k, torch.float32, seed=seed)
+    b = _input(n, k, torch.float32, seed=seed + 1)
+    ta, da = quantize_triton(a, scale_mode=mode_a, emit_dq=True)
+    tb, db = quantize_triton(b, scale_mode=mode_b, emit_dq=True)
+    return ta, tb, G.DqOperand(da, ta.global_scale), G.DqOperand(db, tb.global_scale)
+
+
+def _rel(y, yr):
+    return ((y.double().cpu() - yr.double().cpu()).norm() / yr.double().cpu().norm()).item()
+
+
+SMALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=1)
+
+
+@cpu_kernels
+@pytest.mark.parametrize("mode_a,mode_b", [("row", "tensor"), ("tensor", "tensor"), ("row", "row")])
+def test_gemm_triton_matches_reference(mode_a, mode_b):
+    ta, tb, A, B = _gemm_case(20, 24, 64, mode_a, mode_b)
+    y = G.gemm_triton(A, B, torch.float32, config=None if CUDA else dict(SMALL, GROUP_M=2))
+    assert _rel(y, G.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+
+
+@cpu_kernels
+def test_grouped_gemm_triton_matches_reference():
+    ta, _, A, _ = _gemm_case(40, 8, 64)
+    ws = [quantize_triton(_input(24, 64, torch.float32, seed=10 + e), scale_mode="row")[0] for e in range(4)]
+    counts = torch.tensor([5, 0, 20, 15], device=DEV)
+    y = G.grouped_gemm_triton(A, dispatch.dq_experts(ws), counts, torch.float32,
+                              config=None if CUDA else SMALL)
+    assert _rel(y, G.grouped_gemm_reference(ta, ws, counts.cpu())) < TOL["gemm_rel"]
+
+
+@cpu_kernels
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_decode_gemm_matches_reference(m):
+    _, tw, _, _ = _gemm_case(8, 48, 96)
+    x = _input(m, 96, torch.bfloat16, seed=5)
+    cfg = None if CUDA else dict(BLOCK_N=16, BLOCK_K=32)
+    y = decode_gemm_triton(x, tw, out_dtype=torch.float32, config=cfg)  # W4A16
+    assert _rel(y, decode_gemm_reference(x.cpu(), ref.NVFP4Tensor(tw.data.cpu(), tw.scale.cpu(), tw.global_scale.cpu()))) < TOL["gemm_rel"]
+    tx, dx = quantize_triton(x, scale_mode="row", emit_dq=True)  # W4A4
+    y = decode_gemm_triton(dx, tw, x_scale=tx.global_scale, out_dtype=torch.float32, config=cfg)
+    assert _rel(y, G.gemm_reference(tx, tw)) < TOL["gemm_rel"]
+
+
+def test_dispatch_reference_backend_on_cpu():
+    x = _input(16, 32, torch.float32, device="cpu")
+    w = _input(8, 32, torch.float32, seed=3, device="cpu")
+    q = Quant(scale_mode="row")
+    t = dispatch.quantize(x, q, backend="reference")
+    _same(t, ref.quantize(x, scale_mode="row"))
+    tw = dispatch.quantize(w, Quant(), backend="reference")
+    y = dispatch.gemm(t, tw, torch.float32, backend="reference")
+    assert torch.allclose(y, ref.dequantize(t) @ ref.dequantize(tw).t())
+    counts = torch.tensor([6, 10])
+    yg = dispatch.grouped_gemm(t, [tw, tw], counts, torch.float32, backend="reference")
+    assert torch.allclose(yg, y)
+    yd = dispatch.decode_gemm(x[:4], tw, act=q, backend="reference", out_dtype=torch.float32)
+    assert torch.allclose(yd, y[:4])
+
+
+def test_dispatch_selection(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    assert dispatch.select_backend() == ("reference" if not CUDA else dispatch.select_backend())
+    monkeypatch.setenv(dispatch.ENV_VAR, "reference")
+    assert dispatch.select_backend() == "reference"
+    assert dispatch.select_backend("reference") == "reference"
+    with pytest.raises(RuntimeError, match="not usable"):
+        dispatch.select_backend("bogus")
+    if not CUDA:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            dispatch.select_backend("triton")
+
+
+def test_native_operand_layout_cpu():
+    x = _input(200, 96, torch.float32, device="cpu")  # rows not a multiple of 128, cols not of 4*16
+    t = ref.quantize(x)
+    op = native.prepare(t)
+    assert op.scale_swizzled.numel() == 256 * 8
+    assert torch.equal(unswizzle_scales(op.scale_swizzled, 200, 6).view(torch.uint8), t.scale.view(torch.uint8))
+    assert op.data_fp4.view(torch.uint8).data_ptr() == t.data.data_ptr()  # a view, no copy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not native.native_available()[0], reason=native.native_available()[1])
+def test_native_gemm_matches_reference():
+    ta, tb, _, _ = _gemm_case(256, 128, 256)
+    y = native.gemm_native(ta, tb, torch.float32)
+    assert _rel(y, G.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+
+
+# ------------------------------------------------------------------------------------------ GPU-sized
+@pytest.mark.parametrize("block,mode,math", list(itertools.product([(1, 16), (16, 16)], ["tensor", "row"],
+                                                                  ["exact", "fast"])))
+@pytest.mark.parametrize("rht", [False, True])
+def test_gpu_quantize_bitexact_large(block, mode, math, rht):
+    if not CUDA:
+        pytest.skip("needs a CUDA GPU (none visible)")
+    x = _input(512, 4096, torch.bfloat16, seed=7)
+    t_sut, dq_sut = quantize_triton(x, block=block, scale_mode=mode, math=math, rht=rht, emit_dq=True)
+    t_ref, dq_ref = quantize_reference(x, block=block, scale_mode=mode, math=math, rht=rht, emit_dq=True)
+    _same(t_sut, t_ref, dq_sut, dq_ref)
+
+
+test_gpu_quantize_bitexact_large = pytest.mark.gpu(test_gpu_quantize_bitexact_large)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("impl", ["triton", "cublas"])
+def test_gpu_gemm_and_grouped(impl):
+    ta, tb, A, B = _gemm_case(1000, 768, 1024)
+    f = G.gemm_triton if impl == "triton" else G.gemm_cublas
+    assert _rel(f(A, B, torch.float32), G.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+    ws = [quantize_triton(_input(256, 1024, torch.float32, seed=20 + e))[0] for e in range(8)]
+    counts = torch.tensor([100, 0, 300, 1, 99, 200, 0, 300], device="cuda")
+    yr = G.grouped_gemm_reference(ta, ws, counts.cpu())
+    if impl == "triton":
+        assert _rel(G.grouped_gemm_triton(A, dispatch.dq_experts(ws), counts, torch.float32), yr) < TOL["gemm_rel"]
+    else:  # _grouped_mm rounds its accumulator to bf16 first (no fp32 out): bf16-level agreement only
+        assert _rel(G.grouped_gemm_cublas(A, dispatch.dq_experts(ws), counts, torch.float32), yr) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_gpu_decode(m):
+    _, tw, _, _ = _gemm_case(8, 4096, 4096)
+    x = _input(m, 4096, torch.bfloat16, seed=5)
+    y = decode_gemm_triton(x, tw, out_dtype=torch.float32)
+    assert _rel(y, decode_gemm_reference(x, tw)) < TOL["gemm_rel"]
+    y2 = dispatch.decode_gemm(x, tw, act=Quant(scale_mode="row"), out_dtype=torch.float32)
+    tx = ref.quantize(x, scale_mode="row")
+    assert _rel(y2, G.gemm_reference(tx, tw)) < TOL["gemm_rel"]
