@@ -1,0 +1,198 @@
+"""`minite eval`: lm-eval on one checkpoint under one execution profile, fully offline; and `eval_table`.
+
+    minite eval --checkpoint DIR --profile NAME --data-dir DIR --out FILE.json
+                [--tasks heldout_gen,heldout_mc,heldout_ppl] [--limit N] [--experiment NAME] [--run NAME]
+                [--calib JSONL] [--calib-n 32] [--recalibrate] [--dtype auto|float32|bfloat16]
+                [--batch-size 8] [--device cpu] [--spec-json '{}'] [--samples FILE.jsonl] [--tasks-dir DIR]
+    minite eval table --out FILE.md RESULT.json [RESULT.json ...]
+
+The task YAML is built from `DATA_DIR/heldout.jsonl` (`minite data`'s layout) into a temporary folder (or
+`--tasks-dir`), run through `lm_eval.simple_evaluate` with `model="minite"`, and the scores written as our own JSON
+(stage "eval", the results contract) — lm-eval's own output files carry timestamps in their names, so a DAG cannot
+name them. Metric keys are `{task}/{metric}` (`heldout_gen/exact_match`, `heldout_mc/acc`, ...) with the stderr as
+`{task}/{metric}_stderr`; per-level scores go under the extra key `by_level`.
+
+`--limit N` picks N held-out examples round-robin over levels (tasks.select), the same N for every task.
+The tokenizer is the checkpoint's when it has one, else `DATA_DIR/tokenizer`.
+
+Offline: the tasks read local JSON (datasets' packaged `json` builder), the model and tokenizer load from local
+directories with `local_files_only`; `run_eval` also sets HF_DATASETS_OFFLINE / HF_HUB_OFFLINE (unless set) before
+lm-eval first imports `datasets`, and the Snakemake rule sets both for the whole process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from minite_core.results import read_result, write_result
+
+HELDOUT, TOKENIZER = "heldout.jsonl", "tokenizer"  # minite_core.rl.data's layout
+# The headline column of each task in eval_table (lower is better for bits per byte).
+HEADLINE = {"heldout_gen": "exact_match", "heldout_mc": "acc", "heldout_ppl": "bits_per_byte"}
+
+
+def _run_name(checkpoint: Path) -> str:
+    """`results/<exp>/rl/<run>/final` -> `<run>`; any other directory -> its own name."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.name if checkpoint.name == "final" else checkpoint.name
+
+
+def _numbers(task_result: dict) -> dict[str, float]:
+    """lm-eval's `{"acc,none": x, "acc_stderr,none": s, "alias": ...}` -> `{"acc": x, "acc_stderr": s}`
+    (numbers only: lm-eval writes "N/A" for stderrs it does not compute)."""
+    out = {}
+    for key, value in task_result.items():
+        metric, _, filt = key.partition(",")
+        if filt and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[metric if filt == "none" else f"{metric}[{filt}]"] = float(value)
+    return out
+
+
+def _by_level(samples: dict[str, list[dict]], metrics: dict[str, list[str]]) -> dict:
+    """{task: {level name: {metric: mean, "n": count}}} from lm-eval's logged samples."""
+    out: dict = {}
+    for task, rows in samples.items():
+        per: dict[str, dict[str, list[float]]] = {}
+        for row in rows:
+            level = row["doc"].get("level_name", str(row["doc"].get("level")))
+            for m in metrics.get(task, []):
+                if isinstance(row.get(m), (int, float)):
+                    per.setdefault(level, {}).setdefault(m, []).append(float(row[m]))
+        if per:  # perplexity samples carry (loglikelihood, length) pairs, not per-doc scores: no breakdown
+            out[task] = {lv: {**{m: sum(v) / len(v) for m, v in ms.items()}, "n": len(next(iter(ms.values())))}
+                         for lv, ms in sorted(per.items())}
+    return out
+
+
+def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | None = None, calib=None,
+             dtype: str = "auto", batch_size: int = 8, device: str = "cpu", spec: dict | None = None,
+             tasks_dir=None, calib_n: int = 32, recalibrate: bool = False) -> dict:
+    """Build the tasks, evaluate, and return `{"metrics", "by_level", "n_docs", "calibration", "samples"}`."""
+    # fully offline: `datasets` reads these when first imported, which is inside simple_evaluate's task loading
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import lm_eval
+
+    from minite_core.eval.lm import MiniteLM
+    from minite_core.eval.tasks import TASKS, TaskSpec, build_tasks, task_manager
+
+    tasks = tuple(tasks or TASKS)
+    checkpoint, data_dir = Path(checkpoint), Path(data_dir)
+    tokenizer = checkpoint if (checkpoint / "tokenizer.json").exists() else data_dir / TOKENIZER
+    task_spec = TaskSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (spec or {}).items()})
+    with tempfile.TemporaryDirectory(prefix="minite-eval-tasks-") as tmp:
+        folder = build_tasks(data_dir / HELDOUT, tasks_dir or tmp, task_spec, tasks, limit)
+        lm = MiniteLM(pretrained=str(checkpoint), profile=profile, dtype=dtype, batch_size=batch_size,
+                      device=device, tokenizer=str(tokenizer), calib=str(calib) if calib else None,
+                      calib_n=calib_n, recalibrate=recalibrate)
+        res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=task_manager(folder),
+                                      log_samples=True, bootstrap_iters=1000)  # > 0: closed-form stderrs
+
+    metrics, names = {}, {}
+    for task in tasks:
+        numbers = _numbers(res["results"][task])
+        names[task] = [m for m in numbers if not m.endswith("_stderr")]
+        metrics.update({f"{task}/{m}": v for m, v in numbers.items()})
+    return {"metrics": metrics, "by_level": _by_level(res["samples"], names),
+            "n_docs": {t: len(res["samples"][t]) for t in tasks}, "calibration": lm.calibration,
+            "samples": res["samples"], "lm_eval_version": lm_eval.__version__}
+
+
+# ----------------------------------------------------------------------------------------------- table
+def _fmt(value: float | None, stderr: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "–"
+    return f"{value:.3f}" + (f" ± {stderr:.3f}" if stderr is not None and stderr > 0 else "")
+
+
+def eval_table(results: list) -> str:
+    """Markdown table of eval results (paths or loaded dicts, schema eval/v1): one row per (run, profile), one
+    column per task's headline metric (± stderr), sorted by run then profile."""
+    rows = []
+    for item in results:
+        payload = item if isinstance(item, dict) else read_result(item, stage="eval")
+        if payload.get("schema") != "eval/v1":
+            raise ValueError(f"not an eval result: schema {payload.get('schema')!r}")
+        rows.append(payload)
+    tasks = [t for t in HEADLINE if any(f"{t}/{HEADLINE[t]}" in r["metrics"] for r in rows)]
+    header = ["run", "profile", *[f"{t} {HEADLINE[t]}" for t in tasks], "n"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(tasks) + 1)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["config"].get("run", ""), r["config"].get("profile", ""))):
+        m, cfg = r["metrics"], r["config"]
+        cells = [_fmt(m.get(f"{t}/{HEADLINE[t]}"), m.get(f"{t}/{HEADLINE[t]}_stderr")) for t in tasks]
+        n = max(r.get("n_docs", {}).values(), default=0)
+        lines.append("| " + " | ".join([cfg.get("run", "?"), cfg.get("profile", "?"), *cells, str(n)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def _table_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="minite eval table", description="markdown table of eval/v1 results")
+    p.add_argument("results", nargs="+", help="eval result JSON files")
+    p.add_argument("--out", required=True, help="markdown file to write")
+    args = p.parse_args(argv)
+    text = eval_table(args.results)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text, end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "table":
+        return _table_main(argv[1:])
+    p = argparse.ArgumentParser(prog="minite eval", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="transformers-format checkpoint directory")
+    p.add_argument("--profile", required=True, help="execution profile name (minite_core.profiles)")
+    p.add_argument("--data-dir", required=True, help="`minite data` output: heldout.jsonl (+ tokenizer/)")
+    p.add_argument("--out", required=True, help="result JSON (stage eval)")
+    p.add_argument("--tasks", default=None, help="comma-separated subset of heldout_gen,heldout_mc,heldout_ppl")
+    p.add_argument("--limit", type=int, default=None, help="held-out examples, round-robin over levels")
+    p.add_argument("--calib", default=None, help="JSONL for static activation scales (e.g. train.jsonl)")
+    p.add_argument("--calib-n", type=int, default=32, help="calibration examples")
+    p.add_argument("--recalibrate", action="store_true", help="calibrate on --calib even if the checkpoint has scales")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="compute dtype override (float32 = the peer-check setting)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--spec-json", default="{}", help="TaskSpec fields as JSON (n_choices, mc_context, ...)")
+    p.add_argument("--experiment", default="adhoc")
+    p.add_argument("--run", default=None, help="row label (default: the RL run owning the checkpoint)")
+    p.add_argument("--samples", default=None, help="also write lm-eval's per-sample records here (JSONL)")
+    p.add_argument("--tasks-dir", default=None, help="keep the generated task YAML here (default: temporary)")
+    args = p.parse_args(argv)
+
+    spec = json.loads(args.spec_json)
+    tasks = tuple(t for t in (args.tasks or "").split(",") if t) or None
+    out = run_eval(checkpoint=args.checkpoint, profile=args.profile, data_dir=args.data_dir, tasks=tasks,
+                   limit=args.limit, calib=args.calib, dtype=args.dtype, batch_size=args.batch_size,
+                   device=args.device, spec=spec, tasks_dir=args.tasks_dir, calib_n=args.calib_n,
+                   recalibrate=args.recalibrate)
+    config = {"checkpoint": str(args.checkpoint), "run": args.run or _run_name(Path(args.checkpoint)),
+              "profile": args.profile, "dtype": args.dtype, "tasks": list(out["n_docs"]), "limit": args.limit,
+              "calib": args.calib, "calib_n": args.calib_n, "recalibrate": args.recalibrate,
+              "batch_size": args.batch_size, "device": args.device, "spec": spec, "data_dir": str(args.data_dir)}
+    write_result(args.out, stage="eval", experiment=args.experiment, config=config, metrics=out["metrics"],
+                 by_level=out["by_level"], n_docs=out["n_docs"], calibration=out["calibration"],
+                 lm_eval_version=out["lm_eval_version"])
+    if args.samples:
+        Path(args.samples).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.samples, "w") as f:
+            for task, rows in out["samples"].items():
+                for row in rows:
+                    f.write(json.dumps({"task": task, "doc_index": row["doc"].get("doc_index"),
+                                        "resps": row["filtered_resps"], "target": row["target"],
+                                        **{m: row[m] for m in row if m.split("/")[0] in
+                                           ("exact_match", "acc", "acc_norm")}}, default=str) + "\n")
+    print(json.dumps(out["metrics"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
