@@ -51,6 +51,8 @@ class Profile:
     router_dtype: str = "bfloat16"  # MoE router logits/softmax precision
     lm_head_dtype: str = "bfloat16"  # LM-head GEMM + log-softmax precision
     boundary_layers: tuple[int, int] = (0, 0)  # first / last N decoder layers kept in `dtype`
+    # q/k/v and gate/up quantized as one fused weight (one global scale), as vLLM's fused layers load them
+    fused_weight_scale: bool = False
     dtype: str = "bfloat16"  # non-GEMM ops and the high-precision GEMMs
 
     def __post_init__(self):
@@ -111,6 +113,7 @@ PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile(name="bf16"),
+        # TE as a plain per-Linear drop-in (te.Linear for q, k, v, gate, up separately): one amax per matrix.
         Profile(
             name="te-nvfp4",
             weight=Quant(block=(16, 16)),
@@ -122,10 +125,11 @@ PROFILES: dict[str, Profile] = {
             name="vllm-nvfp4",
             weight=_VLLM_WEIGHT,
             activation=Quant(math="fast", static=True),
+            fused_weight_scale=True,  # QKVParallelLinear / MergedColumnParallelLinear: one weight_global_scale
         ),
         # Hopper has no FP4 tensor cores: vLLM falls back to Marlin W4A16 (weights dequantized in the kernel,
         # activations stay bf16). Same checkpoint codes as vllm-nvfp4.
-        Profile(name="vllm-marlin-w4a16", weight=_VLLM_WEIGHT),
+        Profile(name="vllm-marlin-w4a16", weight=_VLLM_WEIGHT, fused_weight_scale=True),
         # miniTE / public NVFP4 RL recipes (NeMo-RL, verl, miles): 1x16 weights, per-token dynamic activation
         # scales, exact quantizer on both sides, SR gradients without RHT, fp32 router and LM head.
         Profile(
@@ -135,6 +139,7 @@ PROFILES: dict[str, Profile] = {
             grad=_TE_GRAD,
             router_dtype="float32",
             lm_head_dtype="float32",
+            fused_weight_scale=True,  # same weight codes as the sampler's fused q/k/v and gate/up
         ),
     )
 }

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from minite_core.profiles import get_profile
+
 from minite_core.engines.export import (
     FORMAT,
     amax_for_encode_scale,
@@ -158,18 +160,18 @@ def test_amax_for_encode_scale_inverts(s_enc):
 
 def test_pinned_weights_run_checkpoint_codes():
     model = _model(DENSE)
-    set_profile(model, "vllm-nvfp4")
+    set_profile(model, "vllm-nvfp4")  # fused_weight_scale: q/k/v and gate/up share one global scale, as exported
     weights = quantize_checkpoint_weights(model)
     ids = torch.randint(4, DENSE.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     plain = model(ids)
     with pinned_weights(model, weights):
-        pinned = model(ids)
-    assert not torch.equal(plain, pinned)  # shared q/k/v scales change the function
-    # o_proj / down_proj are groups of one: pinning them alone must equal the nn's own quantization
-    single = {k: v for k, v in weights.items() if k.endswith(("o_proj", "down_proj"))}
-    with pinned_weights(model, single):
+        torch.testing.assert_close(model(ids), plain, atol=0, rtol=0)  # the nn runs the checkpoint's codes
+    set_profile(model, get_profile("vllm-nvfp4").replace(fused_weight_scale=False))
+    unfused = model(ids)
+    assert not torch.equal(unfused, plain)  # per-matrix scales are a different function
+    with pinned_weights(model, weights):
         torch.testing.assert_close(model(ids), plain, atol=0, rtol=0)
-    torch.testing.assert_close(model(ids), plain, atol=0, rtol=0)  # hooks removed
+    torch.testing.assert_close(model(ids), unfused, atol=0, rtol=0)  # hooks removed
 
 
 def test_export_needs_calibration(tmp_path):

@@ -111,6 +111,7 @@ def test_te_nvfp4_knob_by_knob_becomes_minite():
         ("activation.scale_mode", "row"),
         ("router_dtype", "float32"),
         ("lm_head_dtype", "float32"),
+        ("fused_weight_scale", True),
     ]
     logits = {}
     p = te
@@ -127,6 +128,28 @@ def test_te_nvfp4_knob_by_knob_becomes_minite():
     torch.testing.assert_close(logits[steps[-1][0]], ref, atol=0, rtol=0)
     # forward-only knobs left (grad RHT) do not touch the forward: p differs from minite only in backward knobs
     assert p.replace(wgrad_rht=False, name="minite") == mt
+
+
+def test_fused_weight_scale_shares_qkv_global_scale():
+    """Under fused_weight_scale q/k/v quantize with the amax of q|k|v, as vLLM's fused QKV layer (and our export)."""
+    from minite_core.engines.export import shared_weight_amax
+    from minite_core.kernels import dispatch
+
+    model, ids = _tiny_model()
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(3.0)  # k holds the group's amax
+    p = PROFILES["minite"]
+    set_profile(model, p)
+    model(ids)
+    amax = shared_weight_amax(model)["model.layers.0.self_attn.q_proj"]
+    ref_q = dispatch.quantize(attn.q_proj.weight.detach().float(), p.weight, amax=amax)
+    cached = attn.q_proj.weight_cache[(("w", "n"), p.weight)][1]
+    assert torch.equal(cached.data, ref_q.data) and torch.equal(cached.global_scale, ref_q.global_scale)
+    with torch.no_grad():  # an optimizer-style in-place update of k invalidates q's cached operand
+        attn.k_proj.weight.mul_(2.0)
+    model(ids)
+    assert attn.q_proj.weight_cache[(("w", "n"), p.weight)][1].global_scale != cached.global_scale
 
 
 def test_grouped_equals_per_expert_linear():

@@ -83,6 +83,9 @@ class Attention(nn.Module):
         self.k_proj = QuantLinear(D, Hkv * Dh)
         self.v_proj = QuantLinear(D, Hkv * Dh)
         self.o_proj = QuantLinear(H * Dh, D)
+        qkv = (self.q_proj, self.k_proj, self.v_proj)  # one weight global scale under fused_weight_scale
+        for proj in qkv:
+            proj.fused_group = qkv
         self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
 
@@ -108,6 +111,7 @@ class DenseMLP(nn.Module):
         self.gate_proj = QuantLinear(hidden_size, intermediate_size)
         self.up_proj = QuantLinear(hidden_size, intermediate_size)
         self.down_proj = QuantLinear(intermediate_size, hidden_size)
+        self.gate_proj.fused_group = self.up_proj.fused_group = (self.gate_proj, self.up_proj)  # fused gate|up
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -42,19 +42,34 @@ def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=Non
     return dispatch.quantize(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)
 
 
-def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key) -> object:
+def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, fused) -> object:
     """Quantized weight (GEMM-ready operand), cached per module until the weight changes: the optimizer's
-    in-place step bumps `weight._version`, so each weight is quantized once per optimizer step, not per call."""
+    in-place step bumps `weight._version`, so each weight is quantized once per optimizer step, not per call.
+    `fused` = (amax, versions) of a fused group (q/k/v, gate/up) sharing one global scale, or None."""
+    amax, version = fused if fused is not None else (None, weight._version)
     if cache is not None:
         hit = cache.get((key, spec))
-        if hit is not None and hit[0] == weight._version:
+        if hit is not None and hit[0] == version:
             return hit[1]
     w = weight.detach().float()
     w = w.t().contiguous() if key[-1] == "t" else w
-    op = dispatch.prepare_weight(_q(w, spec))
+    op = dispatch.prepare_weight(_q(w, spec, amax=amax))
     if cache is not None:
-        cache[(key, spec)] = (weight._version, op)
+        cache[(key, spec)] = (version, op)
     return op
+
+
+def fused_weight_amax(group) -> tuple[torch.Tensor, tuple]:
+    """One weight amax for a fused group of QuantLinears (vLLM's QKVParallelLinear / MergedColumnParallelLinear,
+    Megatron-TE's linear_qkv / linear_fc1 quantize q|k|v and gate|up as one tensor): max over the members,
+    recomputed only when a member's weight changed. Returns (amax fp32 [], member weight versions)."""
+    versions = tuple(m.weight._version for m in group)
+    hit = group[0].__dict__.get("_fused_amax")
+    if hit is None or hit[1] != versions:
+        amax = torch.stack([m.weight.detach().abs().amax() for m in group]).amax().float()
+        hit = (amax, versions)
+        group[0].__dict__["_fused_amax"] = hit
+    return hit
 
 
 def gemm_nt(a, b) -> torch.Tensor:
@@ -69,15 +84,15 @@ def _pad_rows16(x: torch.Tensor) -> torch.Tensor:
 
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key):
+    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused):
         # x: (M, K) compute dtype; weight: (N, K) master dtype
-        w_q = _weight_operand(weight, profile.weight, cache, (key, "n"))
+        w_q = _weight_operand(weight, profile.weight, cache, (key, "n"), fused)
         if profile.activation is None:  # W4A16 (Marlin): activations stay in the compute dtype
             y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
             amax = input_amax if profile.activation.static else None
             y = gemm_nt(_q(x.detach(), profile.activation, amax=amax), w_q)
-        ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key = profile, seed, x.dtype, cache, key
+        ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
@@ -98,20 +113,21 @@ class _NVFP4Linear(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dy_q = _q(dy, profile.grad, seed=2 * seed)  # (M, N) along N
-            w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"))  # (K, N) along N
+            w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             dy_t = _pad_rows16(dy).t().contiguous()  # (N, M16)
             dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht)
             dw = gemm_nt(dy_t_q, NVFP4Tensor(*x_t_parts)).to(weight.dtype)
-        return dx, dw, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str = "linear",
-           input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None, key=None) -> torch.Tensor:
+           input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None, key=None,
+           fused=None) -> torch.Tensor:
     """y = x Wᵀ under `profile`. x: (..., K); weight: (N, K). Returns (..., N) in the compute dtype
     (router / LM head: in the profile's router / LM-head dtype). `cache` (a dict owned by the module) keeps the
-    quantized weight between calls, `key` names the weight in it."""
+    quantized weight between calls, `key` names the weight in it; `fused` = `fused_weight_amax(group)`."""
     if role in ("router", "lm_head"):
         dtype = torch_dtype(profile.router_dtype if role == "router" else profile.lm_head_dtype)
         return F.linear(x.to(dtype), weight.to(dtype))
@@ -122,7 +138,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
                            "minite_core.nn.calibrate(model, batches) first")
     lead = x.shape[:-1]
-    y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key)
+    y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -142,10 +158,14 @@ class QuantLinear(nn.Module):
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.register_buffer("input_amax", None)  # static activation amax from calibrate()
         self.weight_cache: dict = {}  # quantized weight per (spec, orientation), valid while weight._version holds
+        self.fused_group: tuple = ()  # QuantLinears sharing one weight global scale (set by the model: q/k/v, gate/up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = None
+        if self.fused_group and self.profile.weight is not None and self.profile.fused_weight_scale:
+            fused = fused_weight_amax(self.fused_group)
         return linear(x, self.weight, self.profile, role=self.role, input_amax=self.input_amax, seed=self.seed,
-                      cache=self.weight_cache, key="w")
+                      cache=self.weight_cache, key="w", fused=fused)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, role={self.role}, profile={self.profile.name}"
