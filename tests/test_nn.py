@@ -144,12 +144,12 @@ def test_fused_weight_scale_shares_qkv_global_scale():
     model(ids)
     amax = shared_weight_amax(model)["model.layers.0.self_attn.q_proj"]
     ref_q = dispatch.quantize(attn.q_proj.weight.detach().float(), p.weight, amax=amax)
-    cached = attn.q_proj.weight_cache[(("w", "n"), p.weight)][1]
+    cached = attn.q_proj.weight_cache[(("w", "n", True), p.weight)][1]
     assert torch.equal(cached.data, ref_q.data) and torch.equal(cached.global_scale, ref_q.global_scale)
     with torch.no_grad():  # an optimizer-style in-place update of k invalidates q's cached operand
         attn.k_proj.weight.mul_(2.0)
     model(ids)
-    assert attn.q_proj.weight_cache[(("w", "n"), p.weight)][1].global_scale != cached.global_scale
+    assert attn.q_proj.weight_cache[(("w", "n", True), p.weight)][1].global_scale != cached.global_scale
 
 
 def test_grouped_equals_per_expert_linear():

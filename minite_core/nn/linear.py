@@ -47,12 +47,13 @@ def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, 
     in-place step bumps `weight._version`, so each weight is quantized once per optimizer step, not per call.
     `fused` = (amax, versions) of a fused group (q/k/v, gate/up) sharing one global scale, or None."""
     amax, version = fused if fused is not None else (None, weight._version)
+    key = (*key, fused is not None)  # fused and per-matrix scales are different operands
     if cache is not None:
         hit = cache.get((key, spec))
         if hit is not None and hit[0] == version:
             return hit[1]
     w = weight.detach().float()
-    w = w.t().contiguous() if key[-1] == "t" else w
+    w = w.t().contiguous() if key[1] == "t" else w
     op = dispatch.prepare_weight(_q(w, spec, amax=amax))
     if cache is not None:
         cache[(key, spec)] = (version, op)

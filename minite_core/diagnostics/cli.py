@@ -1,0 +1,274 @@
+"""`minite diagnose`: measure the learner↔sampler execution gap of profile pairs on one checkpoint.
+
+For each pair "learner:sampler": the sampler generates responses to the prompts (KV-cache decode, processed
+log-probs, its argmax per step), the learner rescores the same tokens (full-sequence forward), and the mismatch
+metrics (diagnostics.metrics) are computed overall and per response-position bucket. `--trace` adds the
+first-divergence trace of each pair, prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace);
+`--attribution` the one-knob attribution from the naive pair (diagnostics.attribution). Output: one JSON per the
+results contract (stage "diagnostics"), figures optional (diagnostics.figures).
+
+Prompts: `--prompts` task JSONL (field "prompt", encoded with the checkpoint's tokenizer, which must be in the
+checkpoint dir) or random token prompts from the seed. Static activation scales (vllm-nvfp4) are calibrated on
+data that is NOT measured: `--calib` JSONL (prompt + response text) or random token sequences from a different
+seed stream; a checkpoint that already carries calibrated `input_amax` for every GEMM keeps them unless --calib
+is given. Every random draw derives from (--seed, stream, index).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from minite_core.diagnostics import attribution as attr
+from minite_core.diagnostics.metrics import mismatch_by_position, mismatch_metrics
+from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
+from minite_core.engines import Learner, Sampler, derive_seed, gemm_modules
+from minite_core.model import load_pretrained, set_profile
+from minite_core.profiles import Profile, get_profile
+from minite_core.results import write_result
+from minite_core.rl.tokenizer import BOS_ID, EOS_ID
+
+DEFAULT_PAIRS = "bf16:bf16,te-nvfp4:vllm-nvfp4,te-nvfp4:vllm-marlin-w4a16,minite:minite"
+PROMPT_STREAM, CALIB_STREAM = 1, 2  # seed streams: measured prompts and calibration data never share draws
+NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (rl.tokenizer); random prompts avoid them
+
+
+def _log(msg: str) -> None:
+    print(f"[diagnose {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_pairs(spec: str) -> list[tuple[str, str]]:
+    """"l:s,l:s" -> [(l, s), ...]; every name must be a registered profile."""
+    pairs = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        if item.count(":") != 1:
+            raise ValueError(f"pair {item!r} must be learner:sampler")
+        learner, sampler = item.split(":")
+        get_profile(learner), get_profile(sampler)  # fail early on unknown names
+        pairs.append((learner, sampler))
+    if not pairs:
+        raise ValueError("no pairs given")
+    return pairs
+
+
+def random_prompts(n: int, vocab: int, seed: int, *, min_len: int = 4, max_len: int = 12) -> list[list[int]]:
+    """<bos> + random non-special tokens, prompt i from derive_seed(seed, PROMPT_STREAM, i)."""
+    out = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(derive_seed(seed, PROMPT_STREAM, i))
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        out.append([BOS_ID] + torch.randint(NUM_SPECIAL, vocab, (length - 1,), generator=g).tolist())
+    return out
+
+
+def random_calibration(n: int, length: int, vocab: int, seed: int, batch: int = 8) -> list[torch.Tensor]:
+    """Random token batches (B, length) from the calibration seed stream (disjoint from the prompts' stream)."""
+    g = torch.Generator().manual_seed(derive_seed(seed, CALIB_STREAM))
+    ids = torch.randint(NUM_SPECIAL, vocab, (n, length), generator=g)
+    ids[:, 0] = BOS_ID
+    return list(ids.split(batch))
+
+
+def jsonl_prompts(path, tokenizer, n: int) -> list[list[int]]:
+    from minite_core.rl.task import read_jsonl
+    rows = read_jsonl(path)[:n]
+    if len(rows) < n:
+        raise ValueError(f"{path}: asked for {n} prompts, file has {len(rows)}")
+    return [tokenizer(r["prompt"])["input_ids"] for r in rows]
+
+
+def jsonl_calibration(path, tokenizer, n: int, batch: int = 8) -> list[dict]:
+    """Prompt + response text of the first n rows, as right-padded batches with attention masks."""
+    from minite_core.rl.task import read_jsonl
+    rows = read_jsonl(path)[:n]
+    if not rows:
+        raise ValueError(f"{path}: no calibration rows")
+    out = []
+    for s in range(0, len(rows), batch):
+        enc = tokenizer([r["prompt"] + r.get("response", "") for r in rows[s:s + batch]], padding=True,
+                        return_tensors="pt")
+        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return out
+
+
+def _check_disjoint(calib_path, n: int, prompts: list[list[int]], tokenizer) -> None:
+    """Static scales fitted on the measured prompts would flatter the static sampler: refuse any overlap."""
+    from minite_core.rl.task import read_jsonl
+    measured = {tuple(p) for p in prompts}
+    shared = [r["prompt"] for r in read_jsonl(calib_path)[:n] if tuple(tokenizer(r["prompt"])["input_ids"]) in measured]
+    if shared:
+        raise ValueError(f"--calib {calib_path} shares {len(shared)} prompts with the measured ones "
+                         f"(e.g. {shared[0]!r}); calibrate on held-out data")
+
+
+def calibrate_model(model, batches) -> dict[str, float]:
+    from minite_core.nn import calibrate
+    device = model.lm_head.weight.device
+    moved = [{k: v.to(device) for k, v in b.items()} if isinstance(b, dict) else b.to(device) for b in batches]
+    return calibrate(model, moved)
+
+
+def is_calibrated(model) -> bool:
+    mods = [m for m in gemm_modules(model) if getattr(m, "role", "linear") == "linear"]
+    return bool(mods) and all(m.input_amax is not None for m in mods)
+
+
+def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts, *, max_new_tokens: int,
+                 temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None):
+    """Sample with `sampler`, rescore with `learner` -> (metrics, by_position rows, rollout)."""
+    learner, sampler = get_profile(learner), get_profile(sampler)
+    rollout = Sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                               top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size)
+    lp_l, ent, mask, amax_l = Learner(model, learner, seed=seed, batch_size=batch_size).logprobs(
+        rollout.prompt_ids, rollout.response_ids, temperature=temperature, with_entropy=True, with_argmax=True)
+    s = rollout.padded(device=lp_l.device)
+    kw = dict(argmax_learner=amax_l, argmax_sampler=s["argmax_ids"])
+    metrics = mismatch_metrics(lp_l, s["logprobs"], mask, **kw)
+    lengths = [len(r) for r in rollout.response_ids]
+    metrics.update({
+        "rollout/response_len_mean": sum(lengths) / max(len(lengths), 1),
+        "rollout/finished_frac": sum(rollout.finished) / max(len(rollout), 1),
+        "learner/entropy_mean": float(ent[mask].mean()) if mask.any() else float("nan"),
+    })
+    return metrics, mismatch_by_position(lp_l, s["logprobs"], mask, **kw), rollout
+
+
+def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+             seed: int = 0, stop_ids=(EOS_ID,), batch_size=None, trace: bool = False,
+             trace_sequences: int | None = None,
+             trace_threshold: float = TRACE_THRESHOLD, attribution: bool = False,
+             attribution_base=("te-nvfp4", "vllm-nvfp4"), attribution_target: str = "minite",
+             attribution_cumulative: bool = False) -> dict:
+    """The whole measurement on a loaded (and, if needed, calibrated) model -> {"metrics", "by_position",
+    "trace", "attribution"} (the last two None unless asked for)."""
+    opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
+                batch_size=batch_size)
+    cache: dict = {}  # forward_key pair -> metrics, shared with the attribution
+    metrics, by_position, traces = {}, {}, [] if trace else None
+    for learner, sampler in pairs:
+        key = f"{learner}:{sampler}"
+        t0 = time.perf_counter()
+        m, rows, rollout = measure_pair(model, learner, sampler, prompts, **opts)
+        metrics[key], by_position[key] = m, rows
+        cache[(attr.forward_key(get_profile(learner)), attr.forward_key(get_profile(sampler)))] = m
+        _log(f"{key}: k3={m['mismatch/k3']:.3e} k1={m['mismatch/k1']:.3e} flip={m['mismatch/argmax_flip']:.3f} "
+             f"tokens={m['mismatch/tokens']} ({time.perf_counter() - t0:.1f}s)")
+        if trace:
+            n = trace_sequences or len(rollout)  # default: the measured batch itself (same per-tensor scales)
+            for mode in ("prefill", "decode"):
+                t = trace_pair(model, learner, sampler, rollout.prompt_ids[:n], rollout.response_ids[:n],
+                               sut_mode=mode, threshold=trace_threshold)
+                t["pair"] = key
+                traces.append(t)
+                first = t["first_divergence"]
+                _log(f"trace {key} [{mode}]: first divergence "
+                     f"{first['op'] + ' rel=%.2e' % first['rel_err'] if first else 'none'}")
+    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None}
+    if attribution:
+        def measure(lp, sp):
+            t0 = time.perf_counter()
+            m = measure_pair(model, lp, sp, prompts, **opts)[0]
+            _log(f"attribution {lp.name}:{sp.name}: k3={m['mismatch/k3']:.3e} ({time.perf_counter() - t0:.1f}s)")
+            return m
+        result["attribution"] = attr.attribute(measure, base=attribution_base, target=attribution_target,
+                                               cache=cache, cumulative=attribution_cumulative)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minite diagnose", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="transformers-format checkpoint dir (tokenizer optional)")
+    p.add_argument("--learner", default="te-nvfp4")
+    p.add_argument("--sampler", default="vllm-nvfp4")
+    p.add_argument("--pairs", default=None, help=f"learner:sampler,... (default: --learner:--sampler); "
+                                                 f"the DAG's four: {DEFAULT_PAIRS}")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None, help="rows per sampler/learner batch (default: all)")
+    p.add_argument("--prompts", default=None, help="task JSONL (field 'prompt'); default: random token prompts")
+    p.add_argument("--calib", default=None, help="calibration JSONL (prompt + response), disjoint from --prompts")
+    p.add_argument("--num-calib", type=int, default=16, help="calibration sequences")
+    p.add_argument("--trace", action="store_true", help="first-divergence trace of every pair")
+    p.add_argument("--trace-sequences", type=int, default=None, help="rows traced (default: all measured)")
+    p.add_argument("--trace-threshold", type=float, default=TRACE_THRESHOLD)
+    p.add_argument("--attribution", action="store_true", help="one-knob attribution from --attribution-base")
+    p.add_argument("--attribution-base", default="te-nvfp4:vllm-nvfp4")
+    p.add_argument("--attribution-target", default="minite")
+    p.add_argument("--attribution-cumulative", action="store_true",
+                   help="also switch the knobs one after another (interactions)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", required=True, help="result JSON (results contract, stage 'diagnostics')")
+    p.add_argument("--figures", default=None, help="directory for PNG figures")
+    p.add_argument("--experiment", default="adhoc")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    pairs = parse_pairs(args.pairs or f"{args.learner}:{args.sampler}")
+    base = parse_pairs(args.attribution_base)[0]
+    ckpt = Path(args.checkpoint)
+    model = load_pretrained(ckpt, dtype=torch.float32, device=args.device).eval()
+    vocab = model.config.vocab_size
+    tokenizer = None
+    if (ckpt / "tokenizer.json").exists():
+        from minite_core.rl.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(ckpt)
+    if (args.prompts or args.calib) and tokenizer is None:
+        raise FileNotFoundError(f"--prompts/--calib are text: {ckpt} has no tokenizer.json to encode them with")
+    eos = tokenizer.eos_token_id if tokenizer is not None else EOS_ID
+    if args.prompts:
+        prompts, prompt_src = jsonl_prompts(args.prompts, tokenizer, args.num_prompts), str(args.prompts)
+    else:
+        prompts, prompt_src = random_prompts(args.num_prompts, vocab, args.seed), f"random(seed={args.seed})"
+
+    profiles = {get_profile(n) for pair in pairs for n in pair}
+    if args.attribution:
+        profiles |= {get_profile(n) for n in base}
+    calib_src = None
+    if any(p.needs_calibration for p in profiles):
+        if args.calib or not is_calibrated(model):
+            if args.calib:
+                _check_disjoint(args.calib, args.num_calib, prompts, tokenizer)
+                batches, calib_src = jsonl_calibration(args.calib, tokenizer, args.num_calib), str(args.calib)
+            else:
+                length = max(map(len, prompts)) + args.max_new_tokens
+                batches = random_calibration(args.num_calib, length, vocab, args.seed)
+                calib_src = f"random(seed={args.seed}, stream={CALIB_STREAM}, n={args.num_calib}, len={length})"
+            calibrate_model(model, batches)
+            _log(f"calibrated static activation scales on {calib_src}")
+        else:
+            calib_src = "checkpoint"
+
+    result = diagnose(model, pairs, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_p=args.top_p, seed=args.seed, stop_ids=(eos,), batch_size=args.batch_size,
+                      trace=args.trace, trace_sequences=args.trace_sequences, trace_threshold=args.trace_threshold,
+                      attribution=args.attribution, attribution_base=base,
+                      attribution_target=args.attribution_target,
+                      attribution_cumulative=args.attribution_cumulative)
+    config = {"checkpoint": str(ckpt), "pairs": [f"{l}:{s}" for l, s in pairs], "num_prompts": args.num_prompts,
+              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+              "seed": args.seed, "prompts": prompt_src, "calibration": calib_src, "device": args.device,
+              "trace": args.trace, "attribution": args.attribution,
+              "attribution_base": f"{base[0]}:{base[1]}" if args.attribution else None,
+              "attribution_cumulative": args.attribution_cumulative}
+    write_result(args.out, stage="diagnostics", experiment=args.experiment, config=config,
+                 metrics=result["metrics"], by_position=result["by_position"], trace=result["trace"],
+                 attribution=result["attribution"])
+    _log(f"wrote {args.out}")
+    if args.figures:
+        from minite_core.diagnostics.figures import write_figures
+        from minite_core.results import read_result
+        paths = write_figures(read_result(args.out, stage="diagnostics"), args.figures)
+        _log(f"wrote {len(paths)} figures to {args.figures}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Figures of a diagnostics result (seaborn PNGs): k3 by pair, k3 by response position, attribution bars, and the
+per-op relative error of the first-divergence trace. Input is the results-contract payload (`read_result`), so
+the report stage can redraw them from the JSON alone.
+
+k3 spans many decades (an aligned pair can be ~1e-9, a naive one ~1e-1) and can be exactly 0: the value axis is
+logarithmic with zeros drawn at `FLOOR` (labelled in the axis title).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are files, never windows
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+FLOOR = 1e-12  # where k3 == 0 (bit-identical engines) is drawn on a log axis
+
+
+def _floor(v):
+    return FLOOR if v is None or (isinstance(v, float) and math.isnan(v)) or v <= FLOOR else v
+
+
+def k3_by_pair(payload: dict, path) -> Path:
+    df = pd.DataFrame([{"pair": pair, "k3": _floor(m["mismatch/k3"])} for pair, m in payload["metrics"].items()])
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    sns.barplot(data=df, x="pair", y="k3", hue="pair", ax=ax, legend=False)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"k3 (learner‖sampler), 0 drawn at {FLOOR:g}")
+    ax.set_xlabel("learner : sampler")
+    ax.tick_params(axis="x", labelrotation=15)
+    ax.axhline(1e-3, color="grey", ls="--", lw=0.8)  # NeMo-RL's "healthy" gen_kl_error bound
+    return _save(fig, path)
+
+
+def k3_by_position(payload: dict, path) -> Path:
+    rows = [{"pair": pair, "position": r["lo"], "k3": _floor(r["mismatch/k3"])}
+            for pair, buckets in payload["by_position"].items() for r in buckets]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    if rows:
+        sns.lineplot(data=pd.DataFrame(rows), x="position", y="k3", hue="pair", marker="o", ax=ax)
+    ax.set_xscale("symlog", linthresh=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("response position (bucket start)")
+    ax.set_ylabel("k3")
+    return _save(fig, path)
+
+
+def attribution_bars(payload: dict, path) -> Path:
+    """One-at-a-time k3 per knob (left) and, when measured, the cumulative path (right); line = naive pair."""
+    att = payload["attribution"]
+    panels = [("one knob at a time", att["rows"])] + ([("cumulative", att["cumulative"])]
+                                                      if att.get("cumulative") else [])
+    n = max(len(rows) for _, rows in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 0.45 * n + 1.4), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels):
+        df = pd.DataFrame([{"knob": r["label"], "k3": _floor(r["mismatch/k3"])} for r in rows])
+        sns.barplot(data=df, y="knob", x="k3", hue="knob", ax=ax, legend=False, orient="h")
+        ax.set_xscale("log")
+        ax.axvline(_floor(att["rows"][0]["mismatch/k3"]), color="black", lw=0.8)
+        ax.set_title(f"{title}: {att['base']} → {att['target']}")
+        ax.set_xlabel("k3")
+        ax.set_ylabel("")
+    return _save(fig, path)
+
+
+def trace_profile(payload: dict, path) -> Path:
+    """Relative error per op in execution order, one panel per SUT mode (prefill | decode), hue = pair."""
+    rows = [{"pair": t["pair"], "mode": t["sut_mode"], "op": i, "rel_err": _floor(op["rel_err"])}
+            for t in payload["trace"] for i, op in enumerate(t["ops"])]
+    modes = sorted({r["mode"] for r in rows}, reverse=True)  # prefill, decode
+    fig, axes = plt.subplots(1, max(len(modes), 1), figsize=(6.0 * max(len(modes), 1), 3.8), squeeze=False,
+                             sharey=True)
+    for ax, mode in zip(axes[0], modes):
+        sns.lineplot(data=pd.DataFrame([r for r in rows if r["mode"] == mode]), x="op", y="rel_err", hue="pair",
+                     ax=ax)
+        ax.axhline(payload["trace"][0]["threshold"], color="grey", ls="--", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_title(f"sampler side: {mode}")
+        ax.set_xlabel("op (execution order)")
+        ax.set_ylabel("‖a − b‖ / ‖a‖")
+    return _save(fig, path)
+
+
+def write_figures(payload: dict, directory) -> list[Path]:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sns.set_theme(style="whitegrid", context="paper")
+    paths = [k3_by_pair(payload, directory / "k3_by_pair.png"),
+             k3_by_position(payload, directory / "k3_by_position.png")]
+    if payload.get("attribution"):
+        paths.append(attribution_bars(payload, directory / "attribution.png"))
+    if payload.get("trace"):
+        paths.append(trace_profile(payload, directory / "trace.png"))
+    return paths
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

@@ -1,0 +1,180 @@
+"""Sampler: the rollout engine — batched KV-cache generation under one execution profile.
+
+What: `Sampler(model, profile).generate(prompts, ...)` returns a `Rollout` with the sampled response tokens, the
+log-probability the sampler gave each of them, and the sampler's own argmax token at each step (for the
+argmax-flip diagnostic). The model object is the learner's (weights as after a weight sync); the sampler puts its
+profile on it before running, so "same weights, different execution" is literally one module tree under two
+profiles.
+
+How it runs (the way vLLM / SGLang serve a batch, reduced to its numerics):
+- prompts are left-padded to the batch's longest prompt and prefilled in one forward that fills the KV cache;
+  then one token per step, each step a (B, 1) forward against the cache. The sampler therefore executes
+  *cached decode*, the learner a *full-sequence* forward: with per-tensor dynamic activation scales the amax of
+  a decode step is taken over B tokens (one per row), not over the whole sequence — part of the gap the
+  diagnostics measure. Pad tokens (left padding, finished rows) are real embeddings and enter per-tensor
+  amaxes; a per-token scale (`scale_mode="row"`) is immune to both.
+- Log-probs are those of the PROCESSED distribution (vLLM's `processed_logprobs`): logits / temperature, then
+  top-p filtering with renormalisation, log-softmax in fp32. temperature == 0 is greedy and, as vLLM skips the
+  temperature for greedy rows, reports log-softmax(logits) at the argmax.
+- Sampling is an exponential race (vLLM's `random_sample`: argmax(p / q), q ~ Exp(1)), the noise drawn per row
+  from a `torch.Generator` seeded by `derive_seed(seed, prompt index)`: a row's tokens do not depend on which
+  other prompts share its batch, *as long as its logits do not* (per-tensor activation scales and pads make the
+  logits themselves batch-dependent — a numerics effect, kept on purpose).
+- A row stops at the first stop token (kept in the response) or after `max_new_tokens` (finished = False).
+
+Shape legend: B = batch rows, P = padded prompt length, V = vocab.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minite_core.model import KVCache, set_profile
+from minite_core.profiles import Profile, get_profile
+from minite_core.rl.tokenizer import EOS_ID, PAD_ID
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def derive_seed(*keys: int) -> int:
+    """A 48-bit seed from integer keys (run seed, step, index, ...) by splitmix64 chaining: pure, platform-free,
+    and well mixed, so neighbouring keys give unrelated streams (unlike seed + index). 48 bits leave headroom
+    for consumers' arithmetic (nn.linear seeds its backward with 2*seed+1, experts add e * 1_000_003) inside
+    torch.Generator's 64-bit range."""
+    h = 0
+    for key in keys:
+        h = _splitmix64(h ^ (int(key) & _MASK64))
+    return h & ((1 << 48) - 1)
+
+
+@dataclass
+class Rollout:
+    """Sampled responses. Per row i: response_ids[i], logprobs[i], argmax_ids[i] have the same length (the stop
+    token, when hit, included); finished[i] = a stop token ended it."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    logprobs: list[list[float]]  # log p_processed(token) under the sampler
+    finished: list[bool]
+    argmax_ids: list[list[int]] = field(default_factory=list)  # the sampler's argmax token at each step
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.response_ids))
+
+    def padded(self, *, pad_id: int = PAD_ID, device=None) -> dict[str, torch.Tensor]:
+        """Right-padded tensors: response_ids / argmax_ids (N, T) long, logprobs (N, T) fp32, mask (N, T) bool,
+        finished (N,) bool. T = longest response (0 if all are empty)."""
+        N, T = len(self), max(map(len, self.response_ids), default=0)
+        out = {"response_ids": torch.full((N, T), pad_id, dtype=torch.long),
+               "argmax_ids": torch.full((N, T), -1, dtype=torch.long),
+               "logprobs": torch.zeros(N, T, dtype=torch.float32),
+               "mask": torch.zeros(N, T, dtype=torch.bool),
+               "finished": torch.tensor(self.finished, dtype=torch.bool)}
+        for i, resp in enumerate(self.response_ids):
+            n = len(resp)
+            out["response_ids"][i, :n] = torch.tensor(resp, dtype=torch.long)
+            out["logprobs"][i, :n] = torch.tensor(self.logprobs[i], dtype=torch.float32)
+            out["mask"][i, :n] = True
+            if self.argmax_ids:
+                out["argmax_ids"][i, :n] = torch.tensor(self.argmax_ids[i], dtype=torch.long)
+        return {k: v.to(device) for k, v in out.items()} if device is not None else out
+
+
+def processed_logprobs(logits: torch.Tensor, *, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """logits (..., V) -> log-probs (..., V) fp32 of the distribution the sampler draws from: / temperature
+    (skipped when 0 = greedy), top-p keeps the smallest head of mass >= top_p (vLLM's rule: drop the ascending
+    tail whose cumulative mass <= 1 - top_p, always keep the top token), renormalised by log-softmax."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=False)  # (..., V) ascending
+        tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = tail_mass <= 1.0 - top_p
+        drop[..., -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
+class Sampler:
+    """Rollout engine: `generate` under `profile` on the (shared) model."""
+
+    def __init__(self, model, profile: Profile | str, *, device: torch.device | str | None = None):
+        self.model = model
+        self.profile = get_profile(profile)
+        self.device = torch.device(device) if device is not None else model.lm_head.weight.device
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None) -> Rollout:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0 or not 0.0 < top_p <= 1.0:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
+        set_profile(self.model, self.profile)
+        self.model.eval()
+        batch_size = batch_size or max(len(prompts), 1)
+        out = Rollout([list(p) for p in prompts], [], [], [], [])
+        for start in range(0, len(prompts), batch_size):
+            idx = list(range(start, min(start + batch_size, len(prompts))))
+            resp, lps, fin, amx = self._generate_batch([prompts[i] for i in idx], idx, max_new_tokens,
+                                                       temperature, top_p, frozenset(stop_ids), seed)
+            out.response_ids += resp
+            out.logprobs += lps
+            out.finished += fin
+            out.argmax_ids += amx
+        return out
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed):
+        dev, B = self.device, len(prompts)
+        P = max(map(len, prompts))
+        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
+        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
+            attn[b, P - len(p):] = 1
+        cache = KVCache.for_model(self.model, B, P + max_new_tokens, device=dev)
+        logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
+        gens = [torch.Generator(device=dev).manual_seed(derive_seed(seed, i)) for i in indices]
+        resp, lps, amx = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
+        done = [False] * B
+        for step in range(max_new_tokens):
+            logp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
+            if temperature == 0:
+                tok = logits.argmax(dim=-1)
+            else:
+                noise = torch.stack([torch.empty(logp.shape[-1], device=dev).exponential_(generator=g)
+                                     for g in gens])  # (B, V) one stream per row
+                tok = (logp.exp() / noise).argmax(dim=-1)
+            tok_lp = logp.gather(-1, tok[:, None])[:, 0]
+            top = logits.argmax(dim=-1)
+            active = [not d for d in done]
+            for b in range(B):
+                if active[b]:
+                    t = int(tok[b])
+                    resp[b].append(t)
+                    lps[b].append(float(tok_lp[b]))
+                    amx[b].append(int(top[b]))
+                    done[b] = t in stop_ids
+            if all(done) or step == max_new_tokens - 1:
+                break
+            alive = torch.tensor(active, device=dev)  # rows finished before this step feed a masked pad
+            step_ids = torch.where(alive, tok, torch.full_like(tok, PAD_ID))[:, None]  # (B, 1)
+            attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+            logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
+        return resp, lps, done, amx

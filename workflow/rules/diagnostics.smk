@@ -1,0 +1,70 @@
+# Stage: execution diagnostics — learner<->sampler mismatch of every profile pair on one checkpoint,
+# first-divergence trace, one-knob attribution (minite_core.diagnostics; `minite diagnose`).
+#
+# Config (experiments/*.yaml, key `diagnostics`):
+#   checkpoint        path of the checkpoint dir to measure (the pretrained base model by default; see
+#                     diagnostics_checkpoint below to chain it to the upstream rule instead)
+#   pairs             ["learner:sampler", ...]        e.g. the four of DESIGN.md
+#   num_prompts, max_new_tokens, temperature, top_p, num_calib, batch_size (null = all rows in one batch)
+#   prompts, calib    task JSONL paths or null (null = random token prompts / calibration from the seed)
+#   trace, attribution  booleans;  attribution_base "learner:sampler"
+# plus the top-level `seed` and `device`.
+
+
+def diagnostics_checkpoint(wildcards):
+    """The checkpoint directory measured: config diagnostics.checkpoint. To chain it to the DAG, return the
+    upstream rule's output here instead (e.g. rules.pretrain.output.checkpoint)."""
+    return cfg("diagnostics", "checkpoint")
+
+
+def _diagnostics_jsonl(key):
+    def inner(wildcards):
+        path = config["diagnostics"].get(key)
+        return [path] if path else []
+    return inner
+
+
+def _diagnostics_flags(wildcards, input):
+    d = config["diagnostics"]
+    flags = []
+    if input.prompts:
+        flags.append(f"--prompts {input.prompts[0]}")
+    if input.calib:
+        flags.append(f"--calib {input.calib[0]}")
+    if d.get("batch_size"):
+        flags.append(f"--batch-size {d['batch_size']}")
+    if d.get("trace", True):
+        flags.append("--trace")
+    if d.get("attribution", True):
+        flags.append(f"--attribution --attribution-base {d.get('attribution_base', 'te-nvfp4:vllm-nvfp4')}")
+    return " ".join(flags)
+
+
+rule diagnostics:
+    input:
+        checkpoint=diagnostics_checkpoint,
+        prompts=_diagnostics_jsonl("prompts"),
+        calib=_diagnostics_jsonl("calib"),
+    output:
+        json=f"{RESULTS}/diagnostics/mismatch.json",
+        figures=directory(f"{RESULTS}/diagnostics/figures"),
+    log:
+        f"{RESULTS}/logs/diagnostics.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/diagnostics.tsv"
+    params:
+        pairs=lambda wildcards: ",".join(cfg("diagnostics", "pairs")),
+        num_prompts=cfg("diagnostics", "num_prompts"),
+        max_new_tokens=cfg("diagnostics", "max_new_tokens"),
+        temperature=cfg("diagnostics", "temperature"),
+        top_p=config["diagnostics"].get("top_p", 1.0),
+        num_calib=config["diagnostics"].get("num_calib", 16),
+        seed=cfg("seed"),
+        device=config.get("device", "cpu"),
+        flags=_diagnostics_flags,
+    shell:
+        "minite diagnose --checkpoint {input.checkpoint} --pairs {params.pairs} "
+        "--num-prompts {params.num_prompts} --max-new-tokens {params.max_new_tokens} "
+        "--temperature {params.temperature} --top-p {params.top_p} --num-calib {params.num_calib} "
+        "--seed {params.seed} --device {params.device} {params.flags} "
+        "--experiment {EXP} --out {output.json} --figures {output.figures} > {log} 2>&1"
