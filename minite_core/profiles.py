@@ -54,11 +54,15 @@ class Profile:
     # q/k/v and gate/up quantized as one fused weight (one global scale), as vLLM's fused layers load them
     fused_weight_scale: bool = False
     dtype: str = "bfloat16"  # non-GEMM ops and the high-precision GEMMs
+    # softmax(QKᵀ)V precision. bf16 attention rounds differently in cached decode than in the learner's
+    # full-sequence prefill, and the next GEMM's NVFP4 re-quantization amplifies that (diagnostics trace).
+    attention_dtype: str = "bfloat16"
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
         _check("lm_head_dtype", self.lm_head_dtype, DTYPES)
         _check("dtype", self.dtype, DTYPES)
+        _check("attention_dtype", self.attention_dtype, DTYPES)
         first, last = self.boundary_layers
         if first < 0 or last < 0:
             raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")
@@ -143,6 +147,11 @@ PROFILES: dict[str, Profile] = {
         ),
     )
 }
+
+
+# A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
+# decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
+PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -98,8 +98,10 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H, T, Dh)
+        att_dtype = _dtype(self.o_proj.profile.attention_dtype)  # profile knob: softmax(QK^T)V precision
+        o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
+                                           is_causal=mask is None,
+                                           enable_gqa=self.num_heads != self.num_kv_heads).to(q.dtype)  # (B, H, T, Dh)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 
