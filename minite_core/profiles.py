@@ -56,13 +56,14 @@ class Profile:
     dtype: str = "bfloat16"  # non-GEMM ops and the high-precision GEMMs
     # softmax(QKᵀ)V precision. bf16 attention rounds differently in cached decode than in the learner's
     # full-sequence prefill, and the next GEMM's NVFP4 re-quantization amplifies that (diagnostics trace).
-    attention_dtype: str = "bfloat16"
+    attention_dtype: str | None = None  # None = `dtype`
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
         _check("lm_head_dtype", self.lm_head_dtype, DTYPES)
         _check("dtype", self.dtype, DTYPES)
-        _check("attention_dtype", self.attention_dtype, DTYPES)
+        if self.attention_dtype is not None:
+            _check("attention_dtype", self.attention_dtype, DTYPES)
         first, last = self.boundary_layers
         if first < 0 or last < 0:
             raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")

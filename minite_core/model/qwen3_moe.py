@@ -98,7 +98,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
-        att_dtype = _dtype(self.o_proj.profile.attention_dtype)  # profile knob: softmax(QK^T)V precision
+        p = self.o_proj.profile
+        att_dtype = _dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
                                            is_causal=mask is None,
                                            enable_gqa=self.num_heads != self.num_kv_heads).to(q.dtype)  # (B, H, T, Dh)
