@@ -1,5 +1,5 @@
 # miniTE reproduction DAG. Default experiment: the CPU smoke run (experiments/smoke.yaml);
-# others: `snakemake --cores N --configfile experiments/h200.yaml`.
+# on one H200: `snakemake --cores 16 --resources gpu=4 --configfile experiments/h200.yaml`.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -16,6 +16,12 @@ RESULTS = f"results/{EXP}"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/kernels.smk"
+include: "workflow/rules/throughput.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/rl.smk"
+include: "workflow/rules/diagnostics.smk"
+include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"
 
 

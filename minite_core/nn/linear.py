@@ -10,7 +10,7 @@ Backward, as TE's recipe lays it out (the reduction dim changes, so operands are
   wgrad  dW = dyᵀ x    both quantized along the token dim M (RHT on both first when `wgrad_rht`); dyᵀ with the
                        grad spec, xᵀ with the activation spec's block/math, per-tensor scale, RNE.
 Only the column-wise (along-M) quantized xᵀ is saved for backward: ≈4.5 bits per element instead of 16.
-M is zero-padded to a multiple of 16 for the along-M quantization (zero rows add nothing to dW).
+M is zero-padded (`_pad_tokens`) for the along-M quantization (zero rows add nothing to dW).
 
 Operands that a profile leaves unquantized (`None`) run in `profile.dtype` through plain torch, so the bf16
 profile *is* plain torch. Router and LM-head GEMMs are never quantized; they run in the profile's router /
@@ -78,9 +78,13 @@ def gemm_nt(a, b) -> torch.Tensor:
     return dispatch.gemm(a, b, out_dtype=torch.float32)
 
 
-def _pad_rows16(x: torch.Tensor) -> torch.Tensor:
-    pad = (-x.shape[0]) % 16
-    return F.pad(x, (0, 0, 0, pad)) if pad else x
+def _pad_tokens(x: torch.Tensor) -> torch.Tensor:
+    """Zero-pad the token dim for the along-token (wgrad) quantization: to a multiple of 16, and on GPU to the
+    next power of two — the Triton quantizer compiles per reduction length, and RL batches change length every
+    step. Zero tokens change neither amax nor any dW entry, so the numerics are the same either way."""
+    m = x.shape[0]
+    target = max(16, 1 << (m - 1).bit_length()) if x.is_cuda else m + (-m) % 16
+    return F.pad(x, (0, 0, 0, target - m)) if target != m else x
 
 
 class _NVFP4Linear(torch.autograd.Function):
@@ -97,7 +101,7 @@ class _NVFP4Linear(torch.autograd.Function):
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
-            x_t = _pad_rows16(x.detach()).t().contiguous()  # (K, M16)
+            x_t = _pad_tokens(x.detach()).t().contiguous()  # (K, M')
             x_t_q = _q(x_t, profile.activation or profile.grad, scale_mode="tensor", rounding="rne",
                        rht=profile.wgrad_rht)
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
@@ -117,7 +121,7 @@ class _NVFP4Linear(torch.autograd.Function):
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            dy_t = _pad_rows16(dy).t().contiguous()  # (N, M16)
+            dy_t = _pad_tokens(dy).t().contiguous()  # (N, M')
             dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht)
             dw = gemm_nt(dy_t_q, NVFP4Tensor(*x_t_parts)).to(weight.dtype)
         return dx, dw, None, None, None, None, None, None

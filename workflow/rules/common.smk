@@ -7,3 +7,13 @@ def cfg(*keys):
     for key in keys:
         node = node[key]
     return node
+
+
+def kernels_env():
+    """`MINITE_KERNELS=<backend> ` for the shell of GPU stages when config `kernels` pins one (auto = dispatch's
+    choice: native on sm_100+, triton on other GPUs, reference on CPU)."""
+    backend = config.get("kernels", "auto")
+    return "" if backend == "auto" else f"MINITE_KERNELS={backend} "
+
+
+KERNELS_ENV = kernels_env()

@@ -6,21 +6,21 @@
 #                     diagnostics_checkpoint below to chain it to the upstream rule instead)
 #   pairs             ["learner:sampler", ...]        e.g. the four of DESIGN.md
 #   num_prompts, max_new_tokens, temperature, top_p, num_calib, batch_size (null = all rows in one batch)
-#   prompts, calib    task JSONL paths or null (null = random token prompts / calibration from the seed)
+#   prompts, calib    task JSONL paths or null (null = the DAG's held-out / train split)
 #   trace, attribution  booleans;  attribution_base "learner:sampler"
 # plus the top-level `seed` and `device`.
 
 
 def diagnostics_checkpoint(wildcards):
-    """The checkpoint directory measured: config diagnostics.checkpoint. To chain it to the DAG, return the
-    upstream rule's output here instead (e.g. rules.pretrain.output.checkpoint)."""
-    return cfg("diagnostics", "checkpoint")
+    """The checkpoint measured: config diagnostics.checkpoint, else the DAG's pretrained base model."""
+    return config["diagnostics"].get("checkpoint") or rules.pretrain.output.checkpoint
 
 
-def _diagnostics_jsonl(key):
+def _diagnostics_jsonl(key, default):
+    """Prompts (held-out split) and calibration data (train split: never the measured prompts) default to the
+    DAG's task data; config diagnostics.prompts / .calib override with a path."""
     def inner(wildcards):
-        path = config["diagnostics"].get(key)
-        return [path] if path else []
+        return [config["diagnostics"].get(key) or default]
     return inner
 
 
@@ -43,8 +43,8 @@ def _diagnostics_flags(wildcards, input):
 rule diagnostics:
     input:
         checkpoint=diagnostics_checkpoint,
-        prompts=_diagnostics_jsonl("prompts"),
-        calib=_diagnostics_jsonl("calib"),
+        prompts=_diagnostics_jsonl("prompts", rules.data.output.heldout),
+        calib=_diagnostics_jsonl("calib", rules.data.output.train),
     output:
         json=f"{RESULTS}/diagnostics/mismatch.json",
         figures=directory(f"{RESULTS}/diagnostics/figures"),
@@ -52,6 +52,8 @@ rule diagnostics:
         f"{RESULTS}/logs/diagnostics.log",
     benchmark:
         f"{RESULTS}/benchmarks/diagnostics.tsv"
+    resources:
+        gpu=1 if config.get("device", "cpu") == "cuda" else 0,
     params:
         pairs=lambda wildcards: ",".join(cfg("diagnostics", "pairs")),
         num_prompts=cfg("diagnostics", "num_prompts"),
@@ -63,7 +65,7 @@ rule diagnostics:
         device=config.get("device", "cpu"),
         flags=_diagnostics_flags,
     shell:
-        "minite diagnose --checkpoint {input.checkpoint} --pairs {params.pairs} "
+        KERNELS_ENV + "minite diagnose --checkpoint {input.checkpoint} --pairs {params.pairs} "
         "--num-prompts {params.num_prompts} --max-new-tokens {params.max_new_tokens} "
         "--temperature {params.temperature} --top-p {params.top_p} --num-calib {params.num_calib} "
         "--seed {params.seed} --device {params.device} {params.flags} "

@@ -70,7 +70,7 @@ rule eval_checkpoint:
     resources:
         gpu=1,
     shell:
-        "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "
+        KERNELS_ENV + "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "
         "minite eval --checkpoint {input.checkpoint} --profile {wildcards.profile} --data-dir {params.data_dir} "
         "--tasks {params.tasks} {params.limit} {params.calib} --dtype {params.dtype} "
         "--batch-size {params.batch_size} --device {params.device} --spec-json '{params.spec}' "

@@ -4,8 +4,13 @@
 rule report:
     input:
         quant_error=rules.quant_error.output.json,
+        throughput=rules.throughput.output.json,
+        pretrain=rules.pretrain.output.json,
+        diagnostics=rules.diagnostics.output.json,
+        rl_figures=rules.rl_figures.output.png,
+        eval_table=rules.eval_table.output.table,
     output:
-        report=f"{RESULTS}/report.md",
+        report=report(f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"),
     log:
         f"{RESULTS}/logs/report.log",
     shell:

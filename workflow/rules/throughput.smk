@@ -28,8 +28,9 @@ rule throughput:
         overrides=throughput_overrides(),
         device=cfg("device"),
         seed=cfg("seed"),
+    priority: 10  # first, while the GPU is still free of the other stages
     resources:
-        gpu=1,
+        gpu=cfg("gpu_slots"),  # the whole GPU: timings are not shared with other jobs
     shell:
         "minite bench learner --config {params.config} --profiles {params.profiles} --budget-s {params.budget_s} "
         "{params.overrides} --device {params.device} --seed {params.seed} --experiment {EXP} "

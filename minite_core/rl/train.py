@@ -1,0 +1,328 @@
+"""`minite rl`: one GRPO run for an engine pair (learner profile L, sampler profile S, rollout correction).
+
+Shape legend: B = prompts per step, G = group size, N = B*G responses, T = longest response.
+
+Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one model tree, two execution profiles):
+1. prompts: B training prompts drawn without replacement by derive_seed(run seed, "batch", s); each repeated G
+   times (groups contiguous, as ``group_advantages`` expects).
+2. rollout: the ``Sampler`` under S generates the N responses (temperature / top-p from the config), seeded by
+   derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
+   of its processed distribution (vLLM's ``logprobs``).
+3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
+4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
+   ``compute_log_prob`` does: the PPO ratio is always learner/learner. The same numbers vs the sampler's give the
+   step's ``mismatch/*`` metrics (diagnostics.metrics) — the quantity the paper is about.
+5. update: the N responses are split into ``mini_batches`` contiguous chunks, one AdamW step each (so from the
+   second chunk on the ratio moves off 1 and the 0.2/0.28 clip acts); loss = ``policy_loss`` token-mean, no KL,
+   with the optional correction (tis / mis-token / mis-seq) built from the sampler's log-probs; gradient clipping.
+   Stochastic-rounding seeds of L's backward: ``Learner.set_step(update index)``.
+Weight sync is free: the sampler runs the learner's module tree (DESIGN.md: same weights, different execution).
+
+Static activation scales: a sampler profile with static scales (vllm-nvfp4) is calibrated ONCE, at the start, on
+``calibration_examples`` training prompts + reference responses (never held-out ones) with the initial weights;
+the scales then stay fixed while the weights move — exactly what serving a calibrated NVFP4 checkpoint from a
+training run does unless someone re-calibrates on every sync. That staleness is part of the naive stack's gap.
+
+Logged every step to ``metrics.csv`` (row = step): reward, accuracy, response length, finished fraction, learner
+entropy, grad norm, the ``actor/*`` metrics of policy_loss (mean over mini-batches), every ``mismatch/*`` metric,
+sampling and learning tokens/s (``timing/*``, the only columns that differ between identical runs), held-out
+greedy accuracy under S on evaluation steps (``eval/*``, else empty). ``summary.json`` = results contract,
+stage "rl". ``final/``: the last weights in transformers format (fp32, with the calibrated scales and the
+tokenizer) for lm-eval.
+
+Resume (checkpoint.py): state every ``checkpoint_every`` steps beside the live CSV; a resumed run replays the
+remaining steps exactly (same rows but ``timing/*``): tests/test_rl_loop.py runs K straight vs K/2 + resume + K/2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from minite_core.diagnostics.metrics import mismatch_metrics
+from minite_core.engines import Learner, Sampler, derive_seed
+from minite_core.model import load_pretrained, save_pretrained, set_profile
+from minite_core.nn import calibrate
+from minite_core.profiles import get_profile
+from minite_core.results import write_result
+from minite_core.rl.checkpoint import SEED_TAGS, StepLog, config_from_json, config_to_dict, load_state, save_state
+from minite_core.rl.data import load_split
+from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
+from minite_core.rl.pretrain import decode_response, encode, eval_subset, greedy_accuracy, max_response_tokens
+from minite_core.rl.task import reward
+from minite_core.rl.tokenizer import load_tokenizer, save_tokenizer
+
+FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
+TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    steps: int = 24  # smoke: a few dozen steps per pair (~1 s/step on 2 CPU cores for B*G = 16)
+    prompts_per_step: int = 4  # B
+    group_size: int = 4  # G: 4 responses/prompt; with base accuracy ~0.3-0.6 most groups carry signal
+    mini_batches: int = 2  # optimizer steps per RL step (verl ppo_mini_batch = N / 2); >1 makes the clip act
+    lr: float = 1e-4  # AdamW, constant; 30x below the SFT lr (RL fine-tunes a trained policy)
+    weight_decay: float = 0.0  # verl's actor default is 0.01 on 1e-6 lrs; irrelevant over dozens of steps
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0  # verl actor grad_clip
+    clip_low: float = 0.2  # DESIGN.md: clip 0.2 / 0.28 (DAPO clip-higher)
+    clip_high: float = 0.28
+    correction_cap: float = 2.0  # C of TIS / MIS (Yao et al.; diagnostics' ratio_outside_C uses the same C)
+    temperature: float = 1.0  # sample from the policy itself (no tempering: logprobs are the policy's)
+    top_p: float = 1.0
+    max_new_tokens: int = 0  # 0 = longest reference response + <eos> + 16 (pretrain.max_response_tokens)
+    eval_every: int = 8  # held-out greedy accuracy under the sampler profile (also at step 0 and the last step)
+    eval_per_level: int = 0  # held-out prompts per level at each evaluation; 0 = the whole held-out split
+    checkpoint_every: int = 8
+    calibration_examples: int = 64  # training examples (prompt + reference response) for static scales
+    # reward for a well-formed but wrong ``answer:`` line (task.reward); 0 = pure correctness, DESIGN.md's reward
+    format_credit: float = 0.0
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise ValueError("RLConfig.group_size must be >= 2 (GRPO needs a group baseline)")
+        if self.mini_batches < 1 or (self.prompts_per_step * self.group_size) % self.mini_batches:
+            raise ValueError(f"mini_batches={self.mini_batches} must divide prompts_per_step*group_size")
+
+
+def run_name(learner: str, sampler: str, correction: str | None) -> str:
+    """``{learner}__{sampler}__{correction}`` (correction "none" when off): the results directory of the run."""
+    return f"{learner}__{sampler}__{correction or 'none'}"
+
+
+def parse_correction(name: str | None) -> str | None:
+    c = None if name in (None, "", "none") else name
+    if c not in CORRECTIONS:
+        raise ValueError(f"unknown correction {name!r}; known: none, {', '.join(CORRECTIONS[1:])}")
+    return c
+
+
+def calibration_batches(tok, train: list[dict], n: int, seed: int, batch_size: int = 16):
+    """Right-padded (input_ids, attention_mask) batches of ``n`` training examples chosen by the run seed."""
+    g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["init"]))
+    pick = torch.randperm(len(train), generator=g)[:n].tolist()
+    prompts, responses = encode(tok, [train[i] for i in pick])
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    for s in range(0, len(seqs), batch_size):
+        chunk = seqs[s:s + batch_size]
+        L = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), L, dtype=torch.long)
+        attn = torch.zeros(len(chunk), L, dtype=torch.long)
+        for b, q in enumerate(chunk):
+            ids[b, :len(q)] = torch.tensor(q)
+            attn[b, :len(q)] = 1
+        yield {"input_ids": ids, "attention_mask": attn}
+
+
+def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sampler: Sampler, opt, tok,
+            train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int) -> dict:
+    """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns)."""
+    B, G = cfg.prompts_per_step, cfg.group_size
+    g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["batch"], step))
+    pick = torch.randperm(len(train), generator=g)[:B].tolist()
+    prompts = [train_prompts[i] for i in pick for _ in range(G)]  # (N,) groups contiguous
+    answers = [train[i]["answer"] for i in pick for _ in range(G)]
+
+    t0 = time.perf_counter()
+    roll = sampler.generate(prompts, max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p,
+                            seed=derive_seed(seed, SEED_TAGS["sample"], step))
+    t_sample = time.perf_counter() - t0
+    rewards = torch.tensor([reward(decode_response(tok, r), a, cfg.format_credit)
+                            for r, a in zip(roll.response_ids, answers)], device=learner.device)
+    adv = group_advantages(rewards, G)  # (N,)
+    rp = roll.padded(device=learner.device)
+
+    t1 = time.perf_counter()
+    learner.set_step(step * cfg.mini_batches)  # SR seeds unused without grad; set for a complete record
+    with torch.no_grad():
+        logp_old, entropy, mask, argmax_l = learner.logprobs(prompts, roll.response_ids, temperature=cfg.temperature,
+                                                             with_entropy=True, with_argmax=True)
+    if not torch.equal(mask, rp["mask"]):
+        raise RuntimeError("learner and sampler disagree on the response mask")
+    row = {"step": step}
+    row.update(mismatch_metrics(logp_old, rp["logprobs"], mask, argmax_learner=argmax_l,
+                                argmax_sampler=rp["argmax_ids"], cap=cfg.correction_cap))
+
+    model.train()
+    n = len(prompts) // cfg.mini_batches
+    actor: dict[str, list[float]] = {}
+    grad_norms = []
+    for k in range(cfg.mini_batches):
+        sl = slice(k * n, (k + 1) * n)
+        learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
+        logp_new, _, _ = learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
+                                          grad=True)
+        T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
+        loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
+                                correction=correction, logp_sampler=rp["logprobs"][sl, :T],
+                                cap=cfg.correction_cap)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
+        opt.step()
+        for key, v in met.items():
+            actor.setdefault(key, []).append(float(v))
+    t_learn = time.perf_counter() - t1
+
+    n_tok = int(mask.sum())
+    lens = [len(r) for r in roll.response_ids]
+    row.update({
+        "reward/mean": float(rewards.mean()),
+        "reward/acc": float((rewards == 1.0).float().mean()),
+        "reward/groups_with_signal": float((rewards.view(B, G).std(dim=1) > 0).float().mean()),
+        "response/len_mean": sum(lens) / len(lens),
+        "response/len_max": max(lens),
+        "response/finished": sum(roll.finished) / len(roll.finished),
+        "actor/entropy": float(torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / max(n_tok, 1)),
+        "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+        **{key: sum(v) / len(v) for key, v in actor.items()},
+        "timing/sample_s": t_sample,
+        "timing/learn_s": t_learn,
+        "timing/sample_tokens_per_s": roll.num_tokens / t_sample,
+        "timing/learn_tokens_per_s": n_tok / t_learn,  # old-logp recompute + update: a complete learner step
+    })
+    return row
+
+
+def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
+          learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
+          experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
+          stop_after: int | None = None) -> dict:
+    """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
+    call, leaving a checkpoint (tests use it as a kill)."""
+    out = Path(out)
+    state_dir = Path(state_dir) if state_dir is not None else out / "state"
+    out.mkdir(parents=True, exist_ok=True)
+    correction = parse_correction(correction)
+    L, S = get_profile(learner_profile), get_profile(sampler_profile)
+    if L.quantized and L.grad is None:
+        raise ValueError(f"learner profile {L.name!r} has no backward (grad=None): it is a sampler profile")
+    tok = load_tokenizer(Path(pretrained))
+    train_set, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")
+    train_prompts, _ = encode(tok, train_set)
+    eval_set = eval_subset(heldout, cfg.eval_per_level)
+    max_new = cfg.max_new_tokens or max_response_tokens(train_set + heldout)
+
+    model = load_pretrained(pretrained, dtype=torch.float32, device=device)
+    calibrated = False
+    for prof in (S, L):
+        if prof.needs_calibration and not calibrated:  # once, initial weights, training data (module docstring)
+            set_profile(model, prof)
+            calibrate(model, [{k: v.to(device) for k, v in b.items()} for b in
+                              calibration_batches(tok, train_set, cfg.calibration_examples, seed)])
+            calibrated = True
+    learner = Learner(model, L, seed=derive_seed(seed, SEED_TAGS["learner"]))
+    sampler = Sampler(model, S)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
+               "correction": correction or "none", "pretrained": str(pretrained)}
+
+    try:
+        resumed = load_state(state_dir, model=model, optimizer=opt, config=run_cfg)
+    except ValueError as err:
+        print(f"not resuming: {err}; moving it to state.pt.stale")
+        (state_dir / "state.pt").replace(state_dir / "state.pt.stale")
+        resumed = None
+    step = resumed["step"] if resumed else 0
+    extra = resumed["extra"] if resumed else {}
+    log = StepLog(state_dir / "metrics.csv")
+    if resumed:
+        log.truncate(step)
+    else:
+        log.path.unlink(missing_ok=True)
+        log = StepLog(log.path)
+        extra["eval_initial"] = greedy_accuracy(model, S, tok, eval_set, max_new_tokens=max_new)
+    eval_keys = ["eval/acc"] + [f"eval/{k}" for k in extra["eval_initial"] if k != "acc"]
+
+    bar = tqdm(total=cfg.steps, initial=step, desc=run_name(L.name, S.name, correction), disable=not progress,
+               mininterval=2.0)
+    steps_this_call = 0
+    while step < cfg.steps:
+        step += 1
+        row = rl_step(step, cfg=cfg, seed=seed, model=model, learner=learner, sampler=sampler, opt=opt, tok=tok,
+                      train=train_set, train_prompts=train_prompts, correction=correction, max_new=max_new)
+        row.update({k: None for k in eval_keys})
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            ev = greedy_accuracy(model, S, tok, eval_set, max_new_tokens=max_new)
+            row.update({f"eval/{k}": v for k, v in ev.items()})
+            extra["eval_last"] = ev
+        log.append(row)
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward/mean']:.2f}", k3=f"{row['mismatch/k3']:.1e}", refresh=False)
+        steps_this_call += 1
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            save_state(state_dir, step=step, model=model, optimizer=opt, config=run_cfg, extra=extra)
+        if stop_after is not None and steps_this_call >= stop_after and step < cfg.steps:
+            save_state(state_dir, step=step, model=model, optimizer=opt, config=run_cfg, extra=extra)
+            bar.close()
+            return {"stopped_at": step}
+    bar.close()
+
+    shutil.copyfile(log.path, out / "metrics.csv")
+    save_pretrained(model, out / FINAL, dtype=torch.float32)
+    save_tokenizer(tok, out / FINAL)
+    metrics = summarize(log.rows(), extra)
+    write_result(out / "summary.json", stage="rl", experiment=experiment, config=run_cfg, metrics=metrics,
+                 run=run_name(L.name, S.name, correction))
+    return metrics
+
+
+def summarize(rows: list[dict[str, str]], extra: dict) -> dict:
+    """Run-level numbers for summary.json: first/last-quarter reward, held-out accuracy before/after, mismatch
+    mean/max over steps, median throughput."""
+    def col(key):
+        vals = [float(r[key]) for r in rows if r.get(key, "") not in ("", "nan")]
+        return vals
+
+    q = max(len(rows) // 4, 1)
+    first, last = rows[:q], rows[-q:]
+    mean = lambda rs, k: statistics.fmean(float(r[k]) for r in rs) if rs else math.nan  # noqa: E731
+    out = {"steps": len(rows),
+           "reward_first_quarter": mean(first, "reward/mean"), "reward_last_quarter": mean(last, "reward/mean"),
+           "heldout_acc_initial": extra.get("eval_initial", {}).get("acc", math.nan),
+           "heldout_acc_final": extra.get("eval_last", {}).get("acc", math.nan)}
+    for key in rows[0] if rows else []:
+        if key.startswith("mismatch/") and col(key):
+            out[f"{key}_mean"] = statistics.fmean(col(key))
+            out[f"{key}_max"] = max(col(key))
+    for key in ("timing/sample_tokens_per_s", "timing/learn_tokens_per_s"):
+        if rows and col(key):
+            out[f"{key}_median"] = statistics.median(col(key))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="minite rl", description=__doc__.splitlines()[0])
+    p.add_argument("--pretrained", required=True, help="transformers checkpoint dir (with tokenizer)")
+    p.add_argument("--data", required=True, help="`minite data` output directory")
+    p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, final/)")
+    p.add_argument("--state", default=None, help="resume-state directory (default: <out>/state)")
+    p.add_argument("--learner", required=True, help="learner profile, e.g. te-nvfp4")
+    p.add_argument("--sampler", required=True, help="sampler profile, e.g. vllm-nvfp4")
+    p.add_argument("--correction", default="none", help="none | tis | mis-token | mis-seq")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config-json", default="{}", help="RLConfig fields as JSON (the experiment's `rl:` minus runs)")
+    p.add_argument("--experiment", default="adhoc")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = config_from_json(RLConfig, args.config_json)
+    metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
+                    learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
+                    cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
+                    progress=not args.no_progress)
+    print(f"rl: {metrics['steps']} steps, reward {metrics['reward_first_quarter']:.3f} -> "
+          f"{metrics['reward_last_quarter']:.3f}, held-out {metrics['heldout_acc_initial']:.3f} -> "
+          f"{metrics['heldout_acc_final']:.3f}, k3 mean {metrics.get('mismatch/k3_mean', math.nan):.2e}")
+    return 0

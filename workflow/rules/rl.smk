@@ -1,0 +1,76 @@
+# Stage: long-horizon GRPO, one job per engine pair (minite_core.rl.train; `minite rl`), and the curves figure.
+#
+# Config `rl:` = RLConfig fields (minite_core/rl/train.py) + `runs`: a list of
+#   {learner: <profile>, sampler: <profile>, correction: none|tis|mis-token|mis-seq (default none)}
+# (or the string "learner:sampler[:correction]"). Run name = `{learner}__{sampler}__{correction}`; outputs under
+# {RESULTS}/rl/{run}/: metrics.csv (one row per step), summary.json (stage "rl"), final/ (transformers checkpoint
+# for lm-eval). Resume state in {RESULTS}/rl/{run}/state/ (not an output: survives a killed job).
+import json
+import re
+from pathlib import Path
+
+from minite_core.rl.train import parse_correction, run_name
+
+
+def rl_runs():
+    """{run name: {"learner", "sampler", "correction"}} from config `rl.runs`, in config order."""
+    runs = {}
+    for entry in config.get("rl", {}).get("runs", []):
+        if isinstance(entry, str):
+            learner, sampler, *rest = entry.split(":")
+            entry = {"learner": learner, "sampler": sampler, "correction": rest[0] if rest else "none"}
+        spec = {"learner": entry["learner"], "sampler": entry["sampler"],
+                "correction": parse_correction(entry.get("correction")) or "none"}
+        runs[run_name(spec["learner"], spec["sampler"], spec["correction"])] = spec
+    return runs
+
+
+RL_RUNS = rl_runs()
+
+
+rule rl:
+    input:
+        checkpoint=rules.pretrain.output.checkpoint,
+        train=rules.data.output.train,
+        heldout=rules.data.output.heldout,
+    output:
+        metrics=f"{RESULTS}/rl/{{run}}/metrics.csv",
+        summary=f"{RESULTS}/rl/{{run}}/summary.json",
+        final=directory(f"{RESULTS}/rl/{{run}}/final"),
+    log:
+        f"{RESULTS}/logs/rl/{{run}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/rl/{{run}}.tsv"
+    wildcard_constraints:
+        run="|".join(re.escape(name) for name in RL_RUNS) or "(?!)",
+    threads: 1  # see pretrain.smk: tiny CPU GEMMs do not scale; the 2 smoke cores run two pairs at once
+    resources:
+        gpu=1 if config.get("device", "cpu") == "cuda" else 0,
+    params:
+        data=f"{RESULTS}/data",
+        out=lambda wildcards: f"{RESULTS}/rl/{wildcards.run}",
+        learner=lambda wildcards: RL_RUNS[wildcards.run]["learner"],
+        sampler=lambda wildcards: RL_RUNS[wildcards.run]["sampler"],
+        correction=lambda wildcards: RL_RUNS[wildcards.run]["correction"],
+        cfg=json.dumps({k: v for k, v in config.get("rl", {}).items() if k != "runs"}),
+        seed=cfg("seed"),
+        device=config.get("device", "cpu"),
+    shell:
+        KERNELS_ENV + "minite rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} "
+        "--learner {params.learner} --sampler {params.sampler} --correction {params.correction} "
+        "--seed {params.seed} --device {params.device} --config-json {params.cfg:q} --threads {threads} "
+        "--experiment {EXP} > {log} 2>&1"
+
+
+rule rl_figures:
+    input:
+        summaries=expand(rules.rl.output.summary, run=RL_RUNS),
+        metrics=expand(rules.rl.output.metrics, run=RL_RUNS),
+    output:
+        png=report(f"{RESULTS}/rl/curves.png", caption="../report/rl_curves.rst", category="RL"),
+    log:
+        f"{RESULTS}/logs/rl/figures.log",
+    params:
+        runs=lambda wildcards, input: " ".join(str(Path(s).parent) for s in input.summaries),
+    shell:
+        "python -m minite_core.rl.figures --runs {params.runs} --out {output.png} > {log} 2>&1"
