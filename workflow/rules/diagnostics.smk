@@ -37,6 +37,8 @@ def _diagnostics_flags(wildcards, input):
         flags.append("--trace")
     if d.get("attribution", True):
         flags.append(f"--attribution --attribution-base {d.get('attribution_base', 'te-nvfp4:vllm-nvfp4')}")
+        if d.get("attribution_cumulative", True):
+            flags.append("--attribution-cumulative")
     return " ".join(flags)
 
 
