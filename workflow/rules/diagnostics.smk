@@ -49,7 +49,8 @@ rule diagnostics:
         calib=_diagnostics_jsonl("calib", rules.data.output.train),
     output:
         json=f"{RESULTS}/diagnostics/mismatch.json",
-        figures=directory(f"{RESULTS}/diagnostics/figures"),
+        figures=report(directory(f"{RESULTS}/diagnostics/figures"), patterns=["{name}.png"],
+                       caption="../report/diagnostics.rst", category="Diagnostics"),
     log:
         f"{RESULTS}/logs/diagnostics.log",
     benchmark:
