@@ -127,3 +127,18 @@ def test_pack_right_positions():
     assert ids.tolist() == [[1, 2, 4, 5, 6], [3, 7, 0, 0, 0]]
     assert attn.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
     assert pos[0].tolist() == [1, 2, 3] and pos[1, 0] == 0 and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_learner_scores_the_processed_top_p_distribution():
+    """With top_p < 1 the learner rescores the sampler's processed distribution: identical numerics give k3 = 0."""
+    import torch as _torch
+
+    from minite_core.diagnostics.cli import measure_pair
+    from minite_core.model import PRESETS, CausalLM
+
+    model = CausalLM(PRESETS["tiny-moe"]).init_weights(0, std=0.2)
+    g = _torch.Generator().manual_seed(0)
+    prompts = [_torch.randint(4, 64, (6,), generator=g).tolist() for _ in range(8)]
+    metrics = measure_pair(model, "minite-fp32attn", "minite-fp32attn", prompts, max_new_tokens=16,
+                           temperature=1.0, top_p=0.8, seed=0)[0]
+    assert metrics["mismatch/k3"] == 0.0

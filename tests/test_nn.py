@@ -193,3 +193,37 @@ def test_every_profile_runs_forward_and_learner_profiles_backward():
             out.logsumexp(-1).mean().backward()
             assert all(q.grad is not None and q.grad.isfinite().all() for q in model.parameters() if q.requires_grad), name
             model.zero_grad()
+
+
+def test_weight_cache_follows_fused_optimizer_steps():
+    """Fused AdamW updates weights without bumping weight._version; track_optimizer clears the caches."""
+    from minite_core.nn import clear_weight_caches, track_optimizer
+
+    model, ids = _tiny_model()
+    set_profile(model, "minite")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    track_optimizer(opt, model)
+    for _ in range(2):
+        model(ids).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        cached = model(ids)
+        clear_weight_caches(model)
+        fresh = model(ids)
+    torch.testing.assert_close(cached, fresh, atol=0, rtol=0)
+
+
+def test_expert_weights_quantized_once_per_weight_version(monkeypatch):
+    from minite_core.kernels import dispatch
+
+    model, ids = _tiny_model()
+    set_profile(model, "minite")
+    calls = []
+    real = dispatch.prepare_weight
+    monkeypatch.setattr(dispatch, "prepare_weight", lambda t, **kw: calls.append(1) or real(t, **kw))
+    with torch.no_grad():
+        model(ids)
+        first = len(calls)
+        model(ids)
+    assert first > 0 and len(calls) == first  # the second forward reuses every quantized weight, experts included

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from minite_core.bench.timing import Stats, Timer
 from minite_core.model import PRESETS, CausalLM, set_profile
 from minite_core.model.qwen3_moe import DecoderLayer
+from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
 
@@ -153,14 +154,18 @@ def build(cfg: LearnerBenchConfig, device: torch.device):
                 p.normal_(0.0, 0.02, generator=gen)
     fused = device.type == "cuda"  # one kernel over all parameters on GPU; CPU uses the default (foreach)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, **({"fused": True} if fused else {}))
+    track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     ids = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq + 1), generator=gen, device=device)
     return model, opt, ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) inputs, (B, T) labels
 
 
-def _set_step_seed(model, step: int) -> None:
-    for module in model.modules():  # QuantLinear / GroupedLinear stochastic-rounding seeds, per step
-        if hasattr(module, "seed"):
-            module.seed = step
+def _set_step_seed(model, step: int, seed: int = 0) -> None:
+    """Stochastic-rounding seeds as the Learner sets them: module j gets derive_seed(run seed, step, j)."""
+    from minite_core.engines.learner import gemm_modules
+    from minite_core.engines.sampler import derive_seed
+
+    for j, module in enumerate(gemm_modules(model)):
+        module.seed = derive_seed(seed, step, j)
 
 
 def learner_step(model, opt, input_ids, labels) -> torch.Tensor:
@@ -264,7 +269,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
         k = r % P
         for name in cfg.profiles[k:] + cfg.profiles[:k]:  # rotate the starting profile every round
             set_profile(model, name)
-            _set_step_seed(model, r)
+            _set_step_seed(model, r, cfg.seed)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             with Timer(device) as t:

@@ -123,7 +123,8 @@ def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts,
     rollout = Sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                                top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size)
     lp_l, ent, mask, amax_l = Learner(model, learner, seed=seed, batch_size=batch_size).logprobs(
-        rollout.prompt_ids, rollout.response_ids, temperature=temperature, with_entropy=True, with_argmax=True)
+        rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
+        with_argmax=True)
     s = rollout.padded(device=lp_l.device)
     kw = dict(argmax_learner=amax_l, argmax_sampler=s["argmax_ids"])
     metrics = mismatch_metrics(lp_l, s["logprobs"], mask, **kw)

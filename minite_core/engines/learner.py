@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from minite_core.engines.sampler import derive_seed
+from minite_core.engines.sampler import derive_seed, processed_logprobs
 from minite_core.model import set_profile
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.profiles import Profile, get_profile
@@ -89,17 +89,18 @@ class Learner:
         logits = torch.cat(chunks) if chunks else torch.zeros(0, T, V, device=self.device)
         return logits.float(), mask
 
-    def logprobs(self, prompt_ids, response_ids, *, temperature: float = 1.0, with_entropy: bool = False,
-                 grad: bool = False, with_argmax: bool = False):
+    def logprobs(self, prompt_ids, response_ids, *, temperature: float = 1.0, top_p: float = 1.0,
+                 with_entropy: bool = False, grad: bool = False, with_argmax: bool = False):
         """-> (logp (N, T), entropy (N, T) | None, mask (N, T)); with_argmax adds argmax (N, T) as a 4th item.
         Masked positions hold finite junk. temperature == 0 is read as 1 (greedy rollouts report raw log-probs)."""
         logits, mask = self.response_logits(prompt_ids, response_ids, grad=grad)
         with torch.set_grad_enabled(grad):
-            scaled = logits / temperature if temperature > 0 else logits
-            logp_all = torch.log_softmax(scaled.float(), dim=-1)  # (N, T, V) fp32
+            # the sampler's processed distribution (temperature, top-p), so aligned engines compare like with like
+            logp_all = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (N, T, V) fp32
             targets = _targets(response_ids, mask.shape, self.device)  # (N, T)
             logp = logp_all.gather(-1, targets[..., None])[..., 0]
-            entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+            plogp = torch.where(torch.isfinite(logp_all), logp_all.exp() * logp_all, 0.0)  # 0·log 0 = 0 (top-p)
+            entropy = -plogp.sum(-1) if with_entropy else None
         if with_argmax:
             return logp, entropy, mask, logits.argmax(dim=-1)
         return logp, entropy, mask

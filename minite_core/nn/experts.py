@@ -4,7 +4,7 @@ Each expert's slice is one `nn.linear.linear` call, so an expert GEMM has exactl
 QuantLinear on its tokens: per-tensor dynamic activation scales are per expert (as TE's grouped GEMM, one
 quantizer per split), per-token scales are per token, and a static scale (calibrated) is one amax for the
 whole grouped GEMM. Stochastic-rounding seeds differ per expert. The loop is the reference; GPU backends
-replace it with one grouped kernel (`kernels.dispatch`).
+could replace it with one grouped kernel (`kernels.dispatch.grouped_gemm`, benchmarked but not yet wired here).
 """
 from __future__ import annotations
 
@@ -40,9 +40,11 @@ class GroupedLinear(nn.Module):
         self.profile: Profile = PROFILES["bf16"]
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
+        self.weight_cache: dict = {}  # quantized expert weights (key: expert index), see nn.linear._weight_operand
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return grouped_linear(x, self.weight, counts, self.profile, input_amax=self.input_amax, seed=self.seed)
+        return grouped_linear(x, self.weight, counts, self.profile, input_amax=self.input_amax, seed=self.seed,
+                              cache=self.weight_cache)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, profile={self.profile.name}"

@@ -43,10 +43,12 @@ def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=Non
 
 
 def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, fused) -> object:
-    """Quantized weight (GEMM-ready operand), cached per module until the weight changes: the optimizer's
-    in-place step bumps `weight._version`, so each weight is quantized once per optimizer step, not per call.
+    """Quantized weight (GEMM-ready operand), cached per module until the weight changes, so each weight is
+    quantized once per optimizer step, not per call. A change is seen through `weight._version` (in-place ops)
+    and `data_ptr()` (`.data =`, `.to()`); fused optimizers update without bumping the version, so learners
+    `track_optimizer` (clears the caches after every step). Edits through `.data` must `clear_weight_caches`.
     `fused` = (amax, versions) of a fused group (q/k/v, gate/up) sharing one global scale, or None."""
-    amax, version = fused if fused is not None else (None, weight._version)
+    amax, version = fused if fused is not None else (None, (weight._version, weight.data_ptr()))
     key = (*key, fused is not None)  # fused and per-matrix scales are different operands
     if cache is not None:
         hit = cache.get((key, spec))
@@ -64,13 +66,27 @@ def fused_weight_amax(group) -> tuple[torch.Tensor, tuple]:
     """One weight amax for a fused group of QuantLinears (vLLM's QKVParallelLinear / MergedColumnParallelLinear,
     Megatron-TE's linear_qkv / linear_fc1 quantize q|k|v and gate|up as one tensor): max over the members,
     recomputed only when a member's weight changed. Returns (amax fp32 [], member weight versions)."""
-    versions = tuple(m.weight._version for m in group)
+    versions = tuple((m.weight._version, m.weight.data_ptr()) for m in group)
     hit = group[0].__dict__.get("_fused_amax")
     if hit is None or hit[1] != versions:
         amax = torch.stack([m.weight.detach().abs().amax() for m in group]).amax().float()
         hit = (amax, versions)
         group[0].__dict__["_fused_amax"] = hit
     return hit
+
+
+def clear_weight_caches(model: nn.Module) -> None:
+    """Drop every cached quantized weight (and fused-group amax) of `model`."""
+    for module in model.modules():
+        if isinstance(getattr(module, "weight_cache", None), dict):
+            module.weight_cache.clear()
+        module.__dict__.pop("_fused_amax", None)
+
+
+def track_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module):
+    """Clear `model`'s quantized-weight caches after every `optimizer.step()` (fused AdamW updates weights in place
+    without bumping `weight._version`). Returns the hook handle."""
+    return optimizer.register_step_post_hook(lambda opt, args, kwargs: clear_weight_caches(model))
 
 
 def gemm_nt(a, b) -> torch.Tensor:

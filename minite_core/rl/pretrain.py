@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from minite_core.engines import Sampler, derive_seed
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
+from minite_core.nn import track_optimizer
 from minite_core.results import write_result
 from minite_core.rl.checkpoint import SEED_TAGS, StepLog, config_from_json, config_to_dict, load_state, save_state
 from minite_core.rl.data import TOKENIZER, load_split
@@ -166,6 +167,7 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
     set_profile(model, cfg.profile)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed}
     resumed = _resume(state_dir, model, opt, run_cfg)
     step, last_eval = (resumed["step"], resumed["extra"].get("last_eval")) if resumed else (0, None)

@@ -10,10 +10,12 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
    of its processed distribution (vLLM's ``logprobs``).
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
-   ``compute_log_prob`` does: the PPO ratio is always learner/learner. The same numbers vs the sampler's give the
+   ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
+   and starts at exactly 1. The same numbers vs the sampler's give the
    step's ``mismatch/*`` metrics (diagnostics.metrics) — the quantity the paper is about.
 5. update: the N responses are split into ``mini_batches`` contiguous chunks, one AdamW step each (so from the
-   second chunk on the ratio moves off 1 and the 0.2/0.28 clip acts); loss = ``policy_loss`` token-mean, no KL,
+   second chunk on the ratio moves off 1 and the 0.2/0.28 clip acts); learner log-probs use the sampler's
+   processed distribution (temperature, top-p); loss = ``policy_loss`` token-mean, no KL,
    with the optional correction (tis / mis-token / mis-seq) built from the sampler's log-probs; gradient clipping.
    Stochastic-rounding seeds of L's backward: ``Learner.set_step(update index)``.
 Weight sync is free: the sampler runs the learner's module tree (DESIGN.md: same weights, different execution).
@@ -49,7 +51,7 @@ from tqdm.auto import tqdm
 from minite_core.diagnostics.metrics import mismatch_metrics
 from minite_core.engines import Learner, Sampler, derive_seed
 from minite_core.model import load_pretrained, save_pretrained, set_profile
-from minite_core.nn import calibrate
+from minite_core.nn import calibrate, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import write_result
 from minite_core.rl.checkpoint import SEED_TAGS, StepLog, config_from_json, config_to_dict, load_state, save_state
@@ -122,6 +124,11 @@ def calibration_batches(tok, train: list[dict], n: int, seed: int, batch_size: i
         yield {"input_ids": ids, "attention_mask": attn}
 
 
+def _pad_cols(t: torch.Tensor, T: int) -> torch.Tensor:
+    """(n, T_chunk) -> (n, T), zero / False padded (a chunk's longest response may be shorter than the batch's)."""
+    return torch.nn.functional.pad(t, (0, T - t.shape[1])) if t.shape[1] < T else t
+
+
 def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sampler: Sampler, opt, tok,
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns)."""
@@ -142,9 +149,14 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
 
     t1 = time.perf_counter()
     learner.set_step(step * cfg.mini_batches)  # SR seeds unused without grad; set for a complete record
-    with torch.no_grad():
-        logp_old, entropy, mask, argmax_l = learner.logprobs(prompts, roll.response_ids, temperature=cfg.temperature,
-                                                             with_entropy=True, with_argmax=True)
+    n = len(prompts) // cfg.mini_batches
+    slices = [slice(k * n, (k + 1) * n) for k in range(cfg.mini_batches)]
+    with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
+        # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
+        parts = [learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
+                                  top_p=cfg.top_p, with_entropy=True, with_argmax=True) for sl in slices]
+    T = rp["mask"].shape[1]
+    logp_old, entropy, mask, argmax_l = (torch.cat([_pad_cols(p[i], T) for p in parts]) for i in range(4))
     if not torch.equal(mask, rp["mask"]):
         raise RuntimeError("learner and sampler disagree on the response mask")
     row = {"step": step}
@@ -152,14 +164,12 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
                                 argmax_sampler=rp["argmax_ids"], cap=cfg.correction_cap))
 
     model.train()
-    n = len(prompts) // cfg.mini_batches
     actor: dict[str, list[float]] = {}
     grad_norms = []
-    for k in range(cfg.mini_batches):
-        sl = slice(k * n, (k + 1) * n)
+    for k, sl in enumerate(slices):
         learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
         logp_new, _, _ = learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
-                                          grad=True)
+                                          top_p=cfg.top_p, grad=True)
         T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
         loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
                                 correction=correction, logp_sampler=rp["logprobs"][sl, :T],
@@ -222,6 +232,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     learner = Learner(model, L, seed=derive_seed(seed, SEED_TAGS["learner"]))
     sampler = Sampler(model, S)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
                "correction": correction or "none", "pretrained": str(pretrained)}
 
