@@ -4,7 +4,9 @@ A run (SFT pretraining or GRPO) is a pure function of (config, run seed, step): 
 prompts at step s, the sampler's seed for response i of step s, the stochastic-rounding seeds of the learner —
 comes from ``engines.derive_seed(run_seed, tag, step, index)`` (integer tags, ``SEED_TAGS``). So a checkpoint
 needs no RNG state: model parameters, the optimizer state, the step, and the config the run was started with
-(checked on resume: ``load_state`` raises on a different config rather than silently mixing two runs). Killing a run and resuming it replays the same steps bit for bit on the same
+(checked on resume: ``load_state`` raises on a different config rather than silently mixing two runs; the config
+includes a ``fingerprint`` of the inputs and the code, so a changed run recomputes). Killing a run and resuming it
+replays the same steps bit for bit on the same
 machine (tests/test_rl_loop.py checks it row by row).
 
 Files (all written atomically: temp file + ``os.replace``, so an interruption leaves the previous good state):
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -109,6 +112,33 @@ def load_state(directory: str | Path, *, model: torch.nn.Module, optimizer: torc
         model.get_submodule(name[: -len(_AMAX)]).input_amax = t.to(device)
     optimizer.load_state_dict(state["optimizer"])
     return {"step": state["step"], "extra": state["extra"]}
+
+
+def resume_or_fresh(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    config: dict) -> dict | None:
+    """`load_state`, but a state left by a different run (config, inputs or code) is moved aside to
+    ``state.pt.stale`` and the run starts fresh: a killed run resumes, a changed one recomputes."""
+    try:
+        return load_state(directory, model=model, optimizer=optimizer, config=config)
+    except ValueError as err:
+        print(f"not resuming: {err}; moving it to state.pt.stale")
+        (Path(directory) / "state.pt").replace(Path(directory) / "state.pt.stale")
+        return None
+
+
+def fingerprint(*paths: str | Path) -> str:
+    """sha256 (16 hex) of the given files / folders (every file, sorted) and of minite_core's source. Part of a
+    run's resume config, so that `snakemake --forceall`, a new base checkpoint or new data after a code change
+    recompute instead of resuming a finished run of the old inputs."""
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    files = sorted(package.rglob("*.py"))
+    for p in map(Path, paths):
+        files += sorted(f for f in p.rglob("*") if f.is_file() and "state" not in f.parts) if p.is_dir() else [p]
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------- step log

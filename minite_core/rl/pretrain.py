@@ -38,7 +38,8 @@ from minite_core.engines import Sampler, derive_seed
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
 from minite_core.results import write_result
-from minite_core.rl.checkpoint import SEED_TAGS, StepLog, config_from_json, config_to_dict, load_state, save_state
+from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, config_from_json, config_to_dict, fingerprint,
+                                       resume_or_fresh, save_state)
 from minite_core.rl.data import TOKENIZER, load_split
 from minite_core.rl.task import LEVELS, reward
 from minite_core.rl.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB, load_tokenizer, save_tokenizer
@@ -168,8 +169,8 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
-    run_cfg = {**config_to_dict(cfg), "seed": seed}
-    resumed = _resume(state_dir, model, opt, run_cfg)
+    run_cfg = {**config_to_dict(cfg), "seed": seed, "inputs": fingerprint(Path(data_dir) / "train.jsonl")}
+    resumed = resume_or_fresh(state_dir, model=model, optimizer=opt, config=run_cfg)
     step, last_eval = (resumed["step"], resumed["extra"].get("last_eval")) if resumed else (0, None)
     log = StepLog(state_dir / "loss.csv")  # beside the state: survives the cleanup of a failed job
     if resumed:
@@ -236,16 +237,6 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
     write_result(out / "pretrain.json", stage="pretrain", experiment=experiment, config=run_cfg, metrics=metrics,
                  model_config=model.config.to_hf())
     return metrics
-
-
-def _resume(state_dir: Path, model, opt, run_cfg: dict) -> dict | None:
-    """load_state, but a state left by a different config is moved aside (state.pt.stale) and we start fresh."""
-    try:
-        return load_state(state_dir, model=model, optimizer=opt, config=run_cfg)
-    except ValueError as err:
-        print(f"not resuming: {err}; moving it to state.pt.stale")
-        (state_dir / "state.pt").replace(state_dir / "state.pt.stale")
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,8 @@ from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.nn import calibrate, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import write_result
-from minite_core.rl.checkpoint import SEED_TAGS, StepLog, config_from_json, config_to_dict, load_state, save_state
+from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, config_from_json, config_to_dict, fingerprint,
+                                       resume_or_fresh, save_state)
 from minite_core.rl.data import load_split
 from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
 from minite_core.rl.pretrain import decode_response, encode, eval_subset, greedy_accuracy, max_response_tokens
@@ -234,14 +235,9 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
-               "correction": correction or "none", "pretrained": str(pretrained)}
-
-    try:
-        resumed = load_state(state_dir, model=model, optimizer=opt, config=run_cfg)
-    except ValueError as err:
-        print(f"not resuming: {err}; moving it to state.pt.stale")
-        (state_dir / "state.pt").replace(state_dir / "state.pt.stale")
-        resumed = None
+               "correction": correction or "none", "pretrained": str(pretrained),
+               "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
+    resumed = resume_or_fresh(state_dir, model=model, optimizer=opt, config=run_cfg)
     step = resumed["step"] if resumed else 0
     extra = resumed["extra"] if resumed else {}
     log = StepLog(state_dir / "metrics.csv")
