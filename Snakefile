@@ -5,7 +5,10 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-configfile: "experiments/smoke.yaml"
+if not workflow.overwrite_configfiles:  # the CPU smoke experiment, unless --configfile names another
+    # (loading it always would merge its keys into every other experiment's config)
+
+    configfile: "experiments/smoke.yaml"
 
 
 validate(config, "workflow/schemas/config.schema.yaml")
