@@ -18,19 +18,22 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def dispatch(argv: list[str], commands: dict[str, tuple[str, str]], prog: str, noun: str = "command") -> int:
+    """Run `commands[argv[0]]`'s module `main(argv[1:])`; help / unknown names print the list."""
     if not argv or argv[0] in ("-h", "--help"):
-        width = max(map(len, COMMANDS))
-        lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-        print("usage: minite <command> [args...]\n\ncommands:\n" + "\n".join(lines))
+        width = max(map(len, commands))
+        lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in commands.items()]
+        print(f"usage: {prog} <{noun}> [args...]\n\n{noun}s:\n" + "\n".join(lines))
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"minite: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+    if name not in commands:
+        print(f"{prog}: unknown {noun} {name!r}; choose one of {', '.join(commands)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return module.main(rest) or 0
+    return importlib.import_module(commands[name][0]).main(rest) or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(sys.argv[1:] if argv is None else argv, COMMANDS, "minite")
 
 
 if __name__ == "__main__":

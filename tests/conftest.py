@@ -2,7 +2,18 @@
 before anything imports triton (minite_core.kernels does, through the nn layers), so it is set here, first."""
 import os
 
+import pytest
 import torch
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny GEMMs: OpenMP threads only spin against each other (on a loaded 2-core box 2 threads ran 20x slower
+    than 1). Restored afterwards so other test modules keep their setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,14 +24,7 @@ TINY = PretrainConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2
                       checkpoint_every=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny GEMMs: OpenMP threads only spin against each other (on a loaded 2-core box 2 threads ran 20x slower
-    than 1). Restored afterwards so other test modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -35,14 +35,7 @@ RL = RLConfig(steps=4, prompts_per_step=2, group_size=4, mini_batches=2, lr=1e-3
 PAIR = dict(learner_profile="te-nvfp4", sampler_profile="vllm-nvfp4", correction="tis")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny GEMMs: OpenMP threads only spin against each other (on a loaded 2-core box 2 threads ran 20x slower
-    than 1). Restored afterwards so other test modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -150,15 +150,19 @@ def attribute(measure: Callable[[Profile, Profile], dict], *, base=("te-nvfp4", 
                                                           for side in changes.values() for f in side)
                 and bool(changes), "metrics": metrics}
 
-    rows = [row("naive", f"{learner0.name} ↔ {sampler0.name}", learner0, sampler0, {})]
-    for knob in knobs_for(learner0, sampler0, target):
-        lp, lc = align(learner0, target, knob.fields)
-        sp, sc = align(sampler0, target, knob.fields)
-        lp = lp.replace(name=f"{learner0.name}+{knob.name}") if lc else lp
-        sp = sp.replace(name=f"{sampler0.name}+{knob.name}") if sc else sp
+    def switch(lp0, sp0, knob):
+        """(learner, sampler) with `knob` set to the target's value on each side it applies to, + the changes."""
+        lp, lc = align(lp0, target, knob.fields)
+        sp, sc = align(sp0, target, knob.fields)
+        lp = lp.replace(name=f"{lp0.name}+{knob.name}") if lc else lp
+        sp = sp.replace(name=f"{sp0.name}+{knob.name}") if sc else sp
         changes = {side: {f: [_jsonable(o), _jsonable(n)] for f, (o, n) in c.items()}
                    for side, c in (("learner", lc), ("sampler", sc)) if c}
-        rows.append(row(knob.name, knob.label, lp, sp, changes))
+        return lp, sp, changes
+
+    rows = [row("naive", f"{learner0.name} ↔ {sampler0.name}", learner0, sampler0, {})]
+    for knob in knobs_for(learner0, sampler0, target):
+        rows.append(row(knob.name, knob.label, *switch(learner0, sampler0, knob)))
     rows.append(row("all", f"all knobs ({target.name} ↔ {target.name})", target, target, {}))
     k0 = rows[0][key]
     for r in rows:
@@ -167,12 +171,7 @@ def attribute(measure: Callable[[Profile, Profile], dict], *, base=("te-nvfp4", 
     if cumulative:
         steps, lp, sp = [rows[0]], learner0, sampler0
         for knob in knobs_for(learner0, sampler0, target):
-            lp, lc = align(lp, target, knob.fields)
-            sp, sc = align(sp, target, knob.fields)
-            lp = lp.replace(name=f"{lp.name}+{knob.name}") if lc else lp
-            sp = sp.replace(name=f"{sp.name}+{knob.name}") if sc else sp
-            changes = {side: {f: [_jsonable(o), _jsonable(n)] for f, (o, n) in c.items()}
-                       for side, c in (("learner", lc), ("sampler", sc)) if c}
+            lp, sp, changes = switch(lp, sp, knob)
             r = row(knob.name, f"+ {knob.label}", lp, sp, changes)
             r["delta_k3"] = _delta(r[key], steps[-1][key])
             steps.append(r)

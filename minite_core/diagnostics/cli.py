@@ -26,7 +26,7 @@ from minite_core.diagnostics import attribution as attr
 from minite_core.diagnostics.metrics import mismatch_by_position, mismatch_metrics
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
 from minite_core.engines import Learner, Sampler, derive_seed, gemm_modules
-from minite_core.model import load_pretrained, set_profile
+from minite_core.model import load_pretrained
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
 from minite_core.rl.tokenizer import BOS_ID, EOS_ID

@@ -31,11 +31,8 @@ from torch import nn
 from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
+from minite_core.nn.linear import torch_dtype
 from minite_core.profiles import PROFILES, Profile, get_profile
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)  # profile dtype names are "float32" | "bfloat16" (validated by Profile)
 
 
 class RMSNorm(nn.Module):
@@ -99,7 +96,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         p = self.o_proj.profile
-        att_dtype = _dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
+        att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
                                            is_causal=mask is None,
                                            enable_gqa=self.num_heads != self.num_kv_heads).to(q.dtype)  # (B, H, T, Dh)
@@ -146,7 +143,7 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (N, D) -> weights (N, K) in the router dtype, expert ids (N, K)
-        logits = self.gate(x.to(_dtype(self.gate.profile.router_dtype)))  # (N, E)
+        logits = self.gate(x.to(torch_dtype(self.gate.profile.router_dtype)))  # (N, E)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
         if self.norm_topk_prob:
@@ -207,7 +204,7 @@ class CausalLM(nn.Module):
         """input_ids (B, T); attention_mask (B, cache.length + T), 1 = real token; -> logits (B, T, V) fp32."""
         B, T = input_ids.shape
         past = cache.length if cache is not None else 0
-        dtype = _dtype(self.profile.dtype)
+        dtype = torch_dtype(self.profile.dtype)
         if cache is not None and cache.dtype != dtype:
             raise ValueError(f"KVCache dtype {cache.dtype} != compute dtype {dtype} of profile {self.profile.name!r}")
         if attention_mask is not None:
@@ -230,7 +227,7 @@ class CausalLM(nn.Module):
         if cache is not None:
             cache.advance(T)
         x = self.model.norm(x)
-        return self.lm_head(x.to(_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
+        return self.lm_head(x.to(torch_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
 
     @staticmethod
     def _mask(real: torch.Tensor | None, B: int, T: int, past: int, device) -> torch.Tensor:

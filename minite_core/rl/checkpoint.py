@@ -141,6 +141,25 @@ def fingerprint(*paths: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+def add_run_args(parser, config_help: str) -> None:
+    """The arguments every resumable run CLI shares (`minite pretrain`, `minite rl`)."""
+    parser.add_argument("--state", default=None, help="resume-state directory (default: <out>/state)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config-json", default="{}", help=config_help)
+    parser.add_argument("--experiment", default="adhoc")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def parse_run_args(parser, argv, config_cls):
+    """-> (args, config): parse, apply --threads, build the frozen config from --config-json."""
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args, config_from_json(config_cls, args.config_json)
+
+
 # ----------------------------------------------------------------------------------------------- step log
 class StepLog:
     """Append-only CSV of per-step metrics, flushed every row (a killed run loses at most the row in flight).

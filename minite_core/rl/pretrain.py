@@ -38,11 +38,11 @@ from minite_core.engines import Sampler, derive_seed
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
 from minite_core.results import write_result
-from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, config_from_json, config_to_dict, fingerprint,
-                                       resume_or_fresh, save_state)
+from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, add_run_args, config_to_dict, fingerprint,
+                                       parse_run_args, resume_or_fresh, save_state)
 from minite_core.rl.data import TOKENIZER, load_split
 from minite_core.rl.task import LEVELS, reward
-from minite_core.rl.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB, load_tokenizer, save_tokenizer
+from minite_core.rl.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer
 
 VOCAB_SIZE = 64  # len(VOCAB) = 54 rounded up to a multiple of 16 (extra rows are never targets)
 
@@ -243,17 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="minite pretrain", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="`minite data` output directory")
     p.add_argument("--out", required=True, help="output directory (model/, loss.csv, pretrain.json)")
-    p.add_argument("--state", default=None, help="resume-state directory (default: <out>/state)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--config-json", default="{}", help="PretrainConfig fields as JSON (the experiment's `pretrain:`)")
-    p.add_argument("--experiment", default="adhoc")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = config_from_json(PretrainConfig, args.config_json)
+    add_run_args(p, "PretrainConfig fields as JSON (the experiment's `pretrain:`)")
+    args, cfg = parse_run_args(p, argv, PretrainConfig)
     metrics = pretrain(cfg, data_dir=args.data, out=args.out, state_dir=args.state or Path(args.out) / "state",
                        seed=args.seed, experiment=args.experiment, device=args.device,
                        progress=not args.no_progress)

@@ -54,8 +54,8 @@ from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.nn import calibrate, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import write_result
-from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, config_from_json, config_to_dict, fingerprint,
-                                       resume_or_fresh, save_state)
+from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, add_run_args, config_to_dict, fingerprint,
+                                       parse_run_args, resume_or_fresh, save_state)
 from minite_core.rl.data import load_split
 from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
 from minite_core.rl.pretrain import decode_response, encode, eval_subset, greedy_accuracy, max_response_tokens
@@ -311,20 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrained", required=True, help="transformers checkpoint dir (with tokenizer)")
     p.add_argument("--data", required=True, help="`minite data` output directory")
     p.add_argument("--out", required=True, help="run directory (metrics.csv, summary.json, final/)")
-    p.add_argument("--state", default=None, help="resume-state directory (default: <out>/state)")
     p.add_argument("--learner", required=True, help="learner profile, e.g. te-nvfp4")
     p.add_argument("--sampler", required=True, help="sampler profile, e.g. vllm-nvfp4")
     p.add_argument("--correction", default="none", help="none | tis | mis-token | mis-seq")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--config-json", default="{}", help="RLConfig fields as JSON (the experiment's `rl:` minus runs)")
-    p.add_argument("--experiment", default="adhoc")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = config_from_json(RLConfig, args.config_json)
+    add_run_args(p, "RLConfig fields as JSON (the experiment's `rl:` minus runs)")
+    args, cfg = parse_run_args(p, argv, RLConfig)
     metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
