@@ -132,7 +132,7 @@ def _run_full(model, rec, prompt_ids, response_ids, device):
     rows = torch.arange(B, device=device)[:, None].expand(B, L)
     pos = torch.arange(L, device=device)[None].expand(B, L)
     rec.token_map = _flat_ids(rows, pos, attn.bool())
-    model(ids, attention_mask=attn)
+    model(ids, attention_mask=None if ids.is_cuda else attn)  # as the learner runs it (engines/learner.py)
 
 
 def _run_decode(model, rec, prompt_ids, response_ids, device):
