@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.timing import Stats, Timer
 from minite_core.model import PRESETS, CausalLM, set_profile
-from minite_core.nn import track_optimizer
+from minite_core.nn import clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
 
@@ -267,6 +267,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
     for name in cfg.profiles:  # counted after warm-up: kernels compiled, same weights as the timed steps
         set_profile(model, name)
         saved[name] = saved_activation_bytes(model, input_ids)
+        clear_weight_caches(model)  # no optimizer step follows: drop this profile's cached operands now
     if cuda:
         torch.cuda.synchronize(device)
 

@@ -124,8 +124,8 @@ def quantize(
 ) -> NVFP4Tensor:
     """Quantize x [M, K] (fp32 or bf16) to NVFP4 with DESIGN.md's arithmetic; see the module docstring.
     rounding="sr" draws one uniform per element from `generator`, or — with `seed` — from the counter-based
-    Philox stream u[r, c] = philox.uniform(seed, r * 2^32 + c) that the Triton kernels draw (bit-identical;
-    the counter is (column, row), so a draw does not depend on the row length)."""
+    Philox stream `philox.uniform_grid(seed, r, c)` that the Triton kernels draw (bit-identical; the counter is
+    built from (row, column), so a draw does not depend on the row length)."""
     block = tuple(block)
     _validate(x, block, check)
     if scale_mode not in ("tensor", "row"):
@@ -155,8 +155,8 @@ def quantize(
         if generator is not None:
             raise ValueError("rounding='sr' takes a generator or a seed, not both")
         rows = torch.arange(m, dtype=torch.int64, device=x.device)[:, None]
-        offsets = (rows << 32) + torch.arange(k, dtype=torch.int64, device=x.device)  # (M, K)
-        codes = e2m1_encode_sr(scaled, uniforms=philox.uniform(seed, offsets))
+        cols = torch.arange(k, dtype=torch.int64, device=x.device)[None, :]
+        codes = e2m1_encode_sr(scaled, uniforms=philox.uniform_grid(seed, rows, cols))
     else:
         codes = e2m1_encode_sr(scaled, generator)
     return NVFP4Tensor(data=pack_fp4(codes), scale=sf, global_scale=s_dec.float())

@@ -21,10 +21,12 @@ Bit-exactness with `formats.nvfp4.quantize` (tests compare codes and scales with
 - the E4M3 cast is done arithmetically (RNE on the fp32 bits for normals, `(v + 2^14) - 2^14` for the 2^-9
   subnormal grid) and the byte is assembled by hand, so neither the interpreter's nor the GPU's fp8 cast matters;
 - E2M1 uses the reference's seven threshold compares (`formats/e2m1.py`), the RHT the reference's butterfly order;
-- stochastic rounding draws `tl.rand(seed, (row << 32) + col)`, which `formats.philox` reproduces bit for bit, so
-  SR codes are equal too. With `seg_seed` the seed and the row (or, in "col-seg", the column) index come per
-  row/column from arrays: each MoE expert draws from its own stream with expert-local indices, exactly as the
-  per-expert reference does.
+- stochastic rounding draws `tl.randint4x(seed, (row << 32) + col // 4)` (output col % 4; one Philox call per 4
+  elements: the SR variant measured 0.61 ms with one call per element), which `formats.philox.uniform_grid`
+  reproduces bit for bit, so SR codes are equal too. With `seg_seed` the seed and the row (or, in "col-seg", the
+  column) index come per row/column from arrays: each MoE expert draws from its own stream with expert-local
+  indices, exactly as the per-expert reference does (segments are 16-aligned, so a group of 4 columns never
+  straddles two experts).
 
 KERNELS notes (H200, results/h200/bench/kernels.json, x = 16384x4096 bf16, medians of one run, the previous
 version of this kernel): D2D copy 0.072 ms (3.73 TB/s). 1x16 row-dynamic 0.21-0.25 ms, tensor-dynamic 0.28 ms,
@@ -44,7 +46,9 @@ from minite_core.kernels import interpret  # noqa: F401  (patches Triton's inter
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH_FP32 = tl.constexpr(0.1666666716337204)  # fp32(1/6), the reference's _ONE_SIXTH
 # Tile defaults; the bench's sweep (bench/kernels.py "quantize-tile") re-measures them on the GPU.
-BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 16, 256, 4
+# H200 sweep, 1x16 row-dynamic on 16384x4096 bf16: (8, 256, 4) 0.197 ms; (16, 512, 8) 0.204; (32, 256, 8) 0.219;
+# (4, 512, 4) 0.229; (16, 256, 4) 0.211-0.253; (16, 128, 4) 0.265.
+BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 8, 256, 4
 SCALE_SRC = {"tensor": 0, "row": 1, "row-dyn": 2, "col-seg": 3}
 
 
@@ -112,6 +116,22 @@ def _e4m3_rne(v):
 def _e2m1_mag(c):
     """Magnitude of codes 0..7 (int32) as fp32."""
     return tl.where(c < 4, c.to(tl.float32) * 0.5, tl.where(c == 7, 6.0, (c - 2).to(tl.float32)))
+
+
+@triton.jit
+def _to_uniform(x):
+    """uint32 -> fp32 in [0, 1), as Triton's `uint_to_uniform_float` (and `formats.philox.to_uniform`)."""
+    x = x.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, -x - 1, x)
+    return x.to(tl.float32) * 4.6566127342e-10
+
+
+@triton.jit
+def _uniforms(seed, ctr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """u [BM, BK] from one randint4x per 4 columns; seed/ctr broadcast to [BM, BK // 4]; column c takes output c % 4."""
+    r0, r1, r2, r3 = tl.randint4x(seed, ctr)
+    u = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [BM, BK/4, 2, 2]: [..., a, b] = output 2a + b
+    return _to_uniform(tl.reshape(u, [BLOCK_M, BLOCK_K]))
 
 
 @triton.jit
@@ -193,12 +213,14 @@ def _quantize_kernel(
         v = tl.reshape(tl.reshape(x, [BLOCK_M, NB, 16]) * enc[:, :, None], [BLOCK_M, BLOCK_K])
         a = tl.abs(v)
         if SR:
+            c4 = k0 + tl.arange(0, BLOCK_K // 4) * 4  # first column of each group of 4
             if SEG_SEED and SCALE_SRC == 3:  # per-column stream (MoE expert) and expert-local column index
-                cm = cols < K
-                u = tl.rand(tl.load(seed_ptr + cols, mask=cm, other=0)[None, :],
-                            (rows.to(tl.int64)[:, None] << 32) + tl.load(index_ptr + cols, mask=cm, other=0)[None, :])
+                cm = c4 < K
+                seed_c = tl.load(seed_ptr + c4, mask=cm, other=0)[None, :]
+                local4 = tl.load(index_ptr + c4, mask=cm, other=0).to(tl.int64)[None, :] >> 2
+                u = _uniforms(seed_c, (rows.to(tl.int64)[:, None] << 32) + local4, BLOCK_M, BLOCK_K)
             else:
-                u = tl.rand(seed_r, ctr_row + cols.to(tl.int64)[None, :])
+                u = _uniforms(seed_r, ctr_row + (c4.to(tl.int64) >> 2)[None, :], BLOCK_M, BLOCK_K)
             mag = _sr_magnitude(a, u)
         else:
             mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)

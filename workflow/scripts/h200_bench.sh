@@ -6,7 +6,7 @@
 # adds flags to the kernel bench (e.g. "--sweep", "--only moe").
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the outputs}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee "$OUT/env.txt"
 echo "== gpu tests"
@@ -21,3 +21,10 @@ echo "== kernel bench"
 timeout "${KERNELS_S:-200}" python3 -m minite_core.cli bench kernels --json "$OUT/kernels.json" \
     --csv "$OUT/kernels.csv" ${KERNELS_ARGS:-} > "$OUT/kernels.log" 2>&1
 echo "kernels exit $?"; grep -E "moe|linear-w4a4|quantize-1x16-row|d2d|FAILED" "$OUT/kernels.log" | head -40
+if [ -n "${NCU:-}" ]; then
+  echo "== ncu: quantizer"
+  timeout 90 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section LaunchStats --section Occupancy -k regex:_quantize_kernel -s 2 -c 1 python3 workflow/scripts/ncu_quantize.py \
+      > "$OUT/ncu-quantize.txt" 2>&1
+  echo "ncu exit $?"; grep -E "Throughput|Duration|Registers|Achieved Occupancy|Stall|Warp Cycles" "$OUT/ncu-quantize.txt" | head -30
+fi
