@@ -88,9 +88,15 @@ def _kgrouped_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr = False,
 ):
     # c[e, n, k] = sum_{t in seg_e} a[n, t] * b[k, t] * S_a[e] * S_b[e]; a: (N, Tp), b: (K, Tp), c: (E, N, K) fp32
-    e = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
+    # 1D grid, expert-major then n then k: consecutive programs share the expert's a rows and sweep its b, so the
+    # expert's operands (a few MB) stay in L2 (an (E, N, K) grid with E fastest re-read them from DRAM: 9-11 ms
+    # vs torch._grouped_mm's 1.36 ms at T16384x8 N1536 K2048 on the H200)
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    e = pid // (n_tiles * k_tiles)
+    pid_n = (pid // k_tiles) % n_tiles
+    pid_k = pid % k_tiles
     # segments start at multiples of 16 (nn.moe_layout): the hint lets the token-contiguous loads vectorise
     # (measured on the H200 without it: 9.1 ms vs torch._grouped_mm's 1.36 ms at T16384x8 N1536 K2048)
     t0 = tl.multiple_of(tl.load(offs_ptr + e).to(tl.int32), 16)
@@ -197,7 +203,7 @@ def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.
     e = offs.numel() - 1
     cfg = _config(KGROUPED_CONFIG, SMALL_K, config, a.device)
     c = torch.empty(e, n, k, dtype=torch.float32, device=a.device)
-    grid = (e, triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(k, cfg["BLOCK_K"]))
+    grid = (e * triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(k, cfg["BLOCK_K"]),)
     _kgrouped_kernel[grid](a, b, c, sa.float().contiguous(), sb.float().contiguous(), offs, n, k,
                            a.stride(0), b.stride(0), INTERPRET=INTERPRET, **cfg)
     return c

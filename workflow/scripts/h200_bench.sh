@@ -7,8 +7,8 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the outputs}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/nvidia-smi.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee "$OUT/env.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/env.txt" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 echo "== gpu tests"
 timeout "${TEST_S:-150}" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?"; tail -4 "$OUT/gpu-tests.log"
@@ -28,3 +28,5 @@ if [ -n "${NCU:-}" ]; then
       > "$OUT/ncu-quantize.txt" 2>&1
   echo "ncu exit $?"; grep -E "Throughput|Duration|Registers|Achieved Occupancy|Stall|Warp Cycles" "$OUT/ncu-quantize.txt" | head -30
 fi
+# at most 8 files come back from a call: the CSV/markdown copies travel in one tarball
+tar czf "$OUT/extra.tgz" -C "$OUT" $(cd "$OUT" && ls *.csv *.md 2>/dev/null) && (cd "$OUT" && rm -f *.csv *.md)
