@@ -91,6 +91,7 @@ class LearnerBenchConfig:
     lr: float = 1e-6  # small: weights (and so MoE routing) barely move across the timed steps
     tf32: bool = False  # torch default; True speeds fp32 GEMMs (miniTE's fp32 LM head) at TF32 precision
     cpu_threads: int | None = None  # CPU only: torch intra-op threads for the run (None = leave as is)
+    op_profile: bool = False  # one extra step per profile under torch.profiler: top kernels by GPU time
     seed: int = 0
     model_overrides: dict = field(default_factory=dict)  # any other ModelConfig field
 
@@ -282,6 +283,8 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
             iters = r + 1
             break
     log(f"{iters} timed rounds, {time.perf_counter() - t_start:.1f} s total")
+    op_tables = {name: _op_profile(model, opt, input_ids, labels, name, log) for name in cfg.profiles} \
+        if cfg.op_profile else {}
 
     stats = {name: Stats.of(samples[name]) for name in cfg.profiles}
     rows = []
@@ -320,7 +323,22 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
               "gemm_ceiling": f"cuBLAS bf16 torch.mm {CEILING_SHAPE}^3, median of {CEILING_REPS}, same run",
               "loss": "next-token cross-entropy, token mean"}
     return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
-            "targets": _check_targets(by_name, cuda), "paper": PAPER}
+            "targets": _check_targets(by_name, cuda), "paper": PAPER, **({"op_profile": op_tables} if op_tables else {})}
+
+
+def _op_profile(model, opt, input_ids, labels, name: str, log) -> list[dict]:
+    """One learner step of `name` under torch.profiler: the 25 kernels with the most device time (untimed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    set_profile(model, name)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        learner_step(model, opt, input_ids, labels)
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                    key=lambda e: -e.device_time_total)[:25]
+    rows = [{"op": e.key[:120], "calls": e.count, "device_ms": e.device_time_total / 1e3} for e in events]
+    log(f"top kernels, {name}: " + "; ".join(f"{r['op'][:60]} {r['device_ms']:.1f} ms x{r['calls']}" for r in rows[:12]))
+    return rows
 
 
 def _kernel_backend() -> str:
@@ -480,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock cap for the whole bench")
     ap.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--op-profile", action="store_true", default=None, dest="op_profile",
+                    help="one extra step per profile under torch.profiler (top kernels by GPU time)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--experiment", default="adhoc")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
@@ -490,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None
     cfg = resolve_config(args.config, device, profiles=profiles, batch=args.batch, seq=args.seq, layers=args.layers,
                          vocab_size=args.vocab_size, warmup=args.warmup, iters=args.iters, budget_s=args.budget_s,
-                         tf32=args.tf32, seed=args.seed)
+                         tf32=args.tf32, seed=args.seed, op_profile=args.op_profile)
     print(f"learner bench: config {cfg.name} on {device}: {cfg}", flush=True)
     payload = run(cfg, device, log=lambda s: print(s, flush=True))
     payload["experiment"] = args.experiment
