@@ -82,7 +82,6 @@ def _vllm_hooks(model, runner, store: dict, order: list):
     H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     for i, layer in enumerate(model.model.layers):
         L, a, m = f"L{i}", layer.self_attn, layer.mlp
-        I = m.down_proj.input_size
         handles += [
             layer.input_layernorm.register_forward_hook(hook(f"{L}.input_layernorm")),
             a.qkv_proj.register_forward_hook(hook("", ([H * Dh, Hkv * Dh, Hkv * Dh],
@@ -93,6 +92,13 @@ def _vllm_hooks(model, runner, store: dict, order: list):
             a.attn.register_forward_hook(hook(f"{L}.attn")),
             a.o_proj.register_forward_hook(hook(f"{L}.o_proj")),
             layer.post_attention_layernorm.register_forward_hook(hook(f"{L}.post_attention_layernorm")),
+        ]
+        if not hasattr(m, "gate_up_proj"):  # sparse MoE block: router logits and the block's output
+            handles += [m.gate.register_forward_hook(hook(f"{L}.router")),
+                        m.register_forward_hook(hook(f"{L}.moe"))]
+            continue
+        I = m.down_proj.input_size
+        handles += [
             m.gate_up_proj.register_forward_hook(hook("", ([I, I], [f"{L}.gate", f"{L}.up"]))),
             m.act_fn.register_forward_hook(hook(f"{L}.act")),
             m.down_proj.register_forward_hook(hook(f"{L}.down_proj")),
@@ -107,7 +113,7 @@ def capture_main(args) -> int:
     """One vLLM engine: generate, recording every op (see module doc) -> torch file {rollout, ops, order}."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from minite_core.engines.vllm_compare import _rollout_json
-    from minite_core.engines.vllm_sampler import VLLMSampler
+    from minite_core.engines.vllm_sampler import VLLMSampler, available
     from minite_core.rl.tokenizer import EOS_ID
 
     prompts = json.loads(Path(args.prompts).read_text())
@@ -125,14 +131,15 @@ def capture_main(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    torch.save({"rollout": _rollout_json(r), "ops": ops, "order": order, "dtype": args.dtype}, tmp)
+    torch.save({"rollout": _rollout_json(r), "ops": ops, "order": order, "dtype": args.dtype,
+                "vllm": available()[1]}, tmp)
     tmp.replace(out)
     return 0
 
 
 # ---- our side ---------------------------------------------------------------------------------------------------
 def _our_hooks(model, store: dict, state: dict):
-    from minite_core.model.qwen3_moe import apply_rope
+    from minite_core.model.qwen3_moe import SparseMoE, apply_rope
     from minite_core.nn.linear import torch_dtype
 
     def put(name, values):
@@ -172,6 +179,12 @@ def _our_hooks(model, store: dict, state: dict):
             a.o_proj.register_forward_pre_hook(in_hook(f"{L}.attn")),
             a.o_proj.register_forward_hook(out_hook(f"{L}.o_proj")),
             layer.post_attention_layernorm.register_forward_hook(out_hook(f"{L}.post_attention_layernorm")),
+        ]
+        if isinstance(m, SparseMoE):
+            handles += [m.gate.register_forward_hook(out_hook(f"{L}.router")),
+                        m.register_forward_hook(out_hook(f"{L}.moe"))]
+            continue
+        handles += [
             m.gate_proj.register_forward_hook(out_hook(f"{L}.gate")),
             m.up_proj.register_forward_hook(out_hook(f"{L}.up")),
             m.down_proj.register_forward_pre_hook(in_hook(f"{L}.act")),
@@ -291,6 +304,7 @@ def _attention(q, k, v, keys, cfg, profile, dtype) -> torch.Tensor:
 def isolate(capture: dict, model, profile) -> list[dict]:
     """Per op: our arithmetic under `profile` on vLLM's inputs of that op vs vLLM's output (module doc)."""
     from minite_core.model import set_profile
+    from minite_core.model.qwen3_moe import SparseMoE
     from minite_core.nn.linear import torch_dtype
     from minite_core.profiles import get_profile
 
@@ -319,6 +333,11 @@ def isolate(capture: dict, model, profile) -> list[dict]:
         check(f"{L}.attn", lambda keys, q, k, v: _attention(q, k, v, keys, cfg, profile, dtype),
               [f"{L}.rope_q", f"{L}.rope_k", f"{L}.v"], "attention_dtype")
         check(f"{L}.o_proj", lin(a.o_proj), [f"{L}.attn"], "w4a4_gemm")
+        if isinstance(m, SparseMoE):
+            check(f"{L}.router", lambda keys, x: m.gate(x.to(torch_dtype(profile.router_dtype))),
+                  [f"{L}.post_attention_layernorm"], "router_dtype")
+            check(f"{L}.moe", lambda keys, x: m(x.to(dtype)[None])[0], [f"{L}.post_attention_layernorm"], "-")
+            continue
         check(f"{L}.gate", lin(m.gate_proj), [f"{L}.post_attention_layernorm"], "w4a4_gemm")
         check(f"{L}.up", lin(m.up_proj), [f"{L}.post_attention_layernorm"], "w4a4_gemm")
         check(f"{L}.act", lambda keys, g, u: F.silu(g.to(dtype)) * u.to(dtype), [f"{L}.gate", f"{L}.up"], "-")
