@@ -197,4 +197,4 @@ def test_vllm_nvfp4_cpu_profile_reproduces_real_vllm_logprobs(tmp_path):
     assert torch.equal(logp_s[mask_s], pad["logprobs"][mask_s])
     t = trace_against(cap, dense, "vllm-nvfp4-cpu")
     assert t["first_divergence"] is None, t["first_divergence"]
-    assert trace_against(cap, dense, "vllm-nvfp4")["first_divergence"]["op"] == "L0.q"  # the GEMM knob is needed
+    assert trace_against(cap, dense, "vllm-nvfp4")["first_nonzero"]["op"] == "L0.q"  # the GEMM knob is needed

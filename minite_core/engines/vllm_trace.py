@@ -163,7 +163,8 @@ def _our_hooks(model, store: dict, state: dict):
     def attn_pre(mod, args):
         state["cos"], state["sin"] = args[1], args[2]
 
-    handles = [model.model.embed_tokens.register_forward_hook(out_hook("embed"))]
+    handles = [model.model.embed_tokens.register_forward_hook(  # after the model's cast to the compute dtype
+        lambda mod, args, out: put("embed", out.to(torch_dtype(model.profile.dtype))))]
     for i, layer in enumerate(model.model.layers):
         L, a, m = f"L{i}", layer.self_attn, layer.mlp
         handles += [
