@@ -26,6 +26,7 @@ include: "workflow/rules/rl.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/peers.smk"
 
 
 rule all:

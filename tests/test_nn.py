@@ -196,7 +196,8 @@ def test_every_profile_runs_forward_and_learner_profiles_backward():
         set_profile(model, p)
         out = model(ids)
         assert out.isfinite().all(), name
-        if p.grad is not None or p.weight is None:
+        sampler_emulation = p.kernel_rounding != "rne"  # vLLM CPU kernels' truncating casts: inference only
+        if p.grad is not None or (p.weight is None and not sampler_emulation):
             out.logsumexp(-1).mean().backward()
             assert all(q.grad is not None and q.grad.isfinite().all() for q in model.parameters() if q.requires_grad), name
             model.zero_grad()

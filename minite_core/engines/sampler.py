@@ -178,3 +178,39 @@ class Sampler:
             attn = torch.cat([attn, alive.long()[:, None]], dim=1)
             logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
         return resp, lps, done, amx
+
+    @torch.inference_mode()
+    def score(self, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0,
+              top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced decode: the log-probs this sampler gives *given* tokens (e.g. another engine's rollout),
+        computed with exactly `generate`'s schedule — left-padded prefill into the KV cache, then one (B, 1) step
+        per response position, rows that already stopped fed a masked pad. -> (logp (N, T) fp32, mask (N, T),
+        argmax (N, T)), the Learner.logprobs layout (masked positions hold finite junk)."""
+        if len(prompts) != len(responses) or any(len(p) == 0 for p in prompts):
+            raise ValueError("score needs one non-empty prompt per response")
+        set_profile(self.model, self.profile)
+        self.model.eval()
+        dev, B = self.device, len(prompts)
+        P, T = max(map(len, prompts)), max(map(len, responses), default=0)
+        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
+        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
+            attn[b, P - len(p):] = 1
+        cache = KVCache.for_model(self.model, B, P + max(T, 1), device=dev)
+        logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
+        tok = torch.full((B, T), PAD_ID, dtype=torch.long, device=dev)
+        for b, r in enumerate(responses):
+            tok[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=dev)
+        mask = torch.arange(T, device=dev)[None] < torch.tensor([len(r) for r in responses], device=dev)[:, None]
+        logp, amx = torch.zeros(B, T, device=dev), torch.zeros(B, T, dtype=torch.long, device=dev)
+        for k in range(T):
+            lp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
+            logp[:, k], amx[:, k] = lp.gather(-1, tok[:, k:k + 1])[:, 0], logits.argmax(dim=-1)
+            if k == T - 1:
+                break
+            alive = mask[:, k]  # the sampler feeds token k only to rows that sampled it (see generate)
+            step_ids = torch.where(alive, tok[:, k], torch.full_like(tok[:, k], PAD_ID))[:, None]  # (B, 1)
+            attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+            logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
+        return logp, mask, amx

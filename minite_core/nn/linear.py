@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite_core.formats.nvfp4 import NVFP4Tensor
-from minite_core.kernels import dispatch
+from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
+from minite_core.kernels import dispatch, vllm_cpu
 from minite_core.profiles import PROFILES, Profile, Quant
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -158,7 +158,11 @@ class _NVFP4Linear(torch.autograd.Function):
             y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
             amax = input_amax if profile.activation.static else None
-            y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
+            if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
+                y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
+                                  x.dtype)
+            else:
+                y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         saved = ()
         if profile.grad is not None and weight.requires_grad:

