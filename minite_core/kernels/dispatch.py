@@ -124,6 +124,25 @@ def quantize_dq(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: in
     return t, DqOperand(dq, t.global_scale)
 
 
+def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: int | None = None,
+                  rht: bool = False, *, emit_dq: bool = False, backend: str | None = None, **kwargs):
+    """The along-token operand: x [T, C] -> (NVFP4Tensor of xᵀ [C, T] quantized along T, bf16 values or None).
+    Per-tensor scale (`amax` static or dynamic), or Triton only: col_amax= [T/16], seg_seed= (MoE experts)."""
+    q = _quant_kwargs(quant, kwargs)
+    if not fast_path(x, backend):
+        from minite_core.kernels.reference import quantize_reference
+
+        q.pop("scale_mode")
+        return quantize_reference(x.t(), scale_mode="tensor", amax=amax, seed=seed, rht=rht, emit_dq=emit_dq,
+                                  check=False, **q)
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    if tuple(q.pop("block")) != (1, 16):
+        raise NotImplementedError("the along-token quantizer takes 1x16 blocks (every profile's wgrad operands)")
+    q.pop("scale_mode")
+    return quantize_cols_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, **q)
+
+
 def as_dq(op) -> DqOperand:
     return op if isinstance(op, DqOperand) else DqOperand(dequantize_bf16(op), op.global_scale)
 

@@ -144,19 +144,17 @@ def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=
 
 
 def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, emit_dq: bool = False):
-    """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp).
-    Returns (NVFP4Tensor, bf16 values or None, S_dec per expert (E,))."""
-    from minite_core.kernels.quantize import block_amax
+    """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
+    from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
+    expert (E,))."""
+    from minite_core.kernels.quantize_cols import col_block_amax
 
-    x_t = x.t()  # (C, Tp) view: the kernel reads x with swapped strides, no copy
     block_expert = layout.cache.get("block_expert")
     if block_expert is None:
         block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
-    seg = _segment_amax(block_amax(x_t, rht=rht), block_expert, layout.num_experts)  # (E,)
+    seg = _segment_amax(col_block_amax(x, rht=rht), block_expert, layout.num_experts)  # (E,)
     seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
-    q = dict(block=tuple(spec.block), math=spec.math, rounding=spec.rounding)
-    t, dq = dispatch._quantize_impl(x_t, None, None, None, rht, emit_dq, None, False,
-                                    dict(q, col_amax=seg[block_expert], seg_seed=seg_seed))
+    t, dq = dispatch.quantize_cols(x, spec, rht=rht, emit_dq=emit_dq, col_amax=seg[block_expert], seg_seed=seg_seed)
     s_dec = torch.full_like(seg, 1.0) / global_encode_scale(seg)  # correctly rounded, as the kernel's div_rn
     return t, dq, s_dec
 

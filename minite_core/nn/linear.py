@@ -23,6 +23,8 @@ GEMMs go through `minite_core.kernels.dispatch` when a GPU backend is selected; 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -167,9 +169,8 @@ class _NVFP4Linear(torch.autograd.Function):
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
-            x_t = _pad_tokens(x.detach()).t()  # (K, M') view: the quantizer reads it strided
-            x_t_q = _q(x_t, profile.activation or profile.grad, scale_mode="tensor", rounding="rne",
-                       rht=profile.wgrad_rht)
+            spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
+            x_t_q, _ = dispatch.quantize_cols(_pad_tokens(x.detach()), spec, rht=profile.wgrad_rht)  # xᵀ (K, M')
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
@@ -187,8 +188,9 @@ class _NVFP4Linear(torch.autograd.Function):
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q, ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            dy_t = _pad_tokens(dy).t()  # (N, M') view
-            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht, dq=True)
+            dy_t, dy_t_bf16 = dispatch.quantize_cols(_pad_tokens(dy), profile.grad, seed=2 * seed + 1,
+                                                     rht=profile.wgrad_rht, emit_dq=True)  # dyᵀ (N, M')
+            dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts)
             x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
             dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
