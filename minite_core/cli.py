@@ -9,11 +9,11 @@ COMMANDS = {
     "quant-error": ("minite_core.bench.quant_error", "SQNR of every NVFP4 quantizer variant"),
     "bench": ("minite_core.bench.cli", "benchmarks: `bench kernels`, `bench learner`"),
     "diagnose": ("minite_core.diagnostics.cli", "learner<->sampler mismatch, first divergence, attribution"),
-    "data": ("minite_core.rl.data", "make the task's train/held-out JSONL and the tokenizer"),
+    "data": ("minite_core.task.data", "make the task's train/held-out JSONL and the tokenizer"),
     "pretrain": ("minite_core.rl.pretrain", "SFT-pretrain the base model on the task"),
     "rl": ("minite_core.rl.train", "GRPO run for one (learner, sampler, correction) pair"),
     "eval": ("minite_core.eval.cli", "lm-eval on a checkpoint under an execution profile"),
-    "export": ("minite_core.engines.export", "NVFP4 checkpoint export (compressed-tensors layout)"),
+    "export": ("minite_core.model.nvfp4_io", "NVFP4 checkpoint export (compressed-tensors layout)"),
     "report": ("minite_core.report.build", "tables and figures from results/<exp>/"),
 }
 

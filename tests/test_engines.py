@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from minite_core.engines import Learner, Sampler, derive_seed, gemm_modules, pack_right, processed_logprobs
+from minite_core.engines import Learner, Sampler, gemm_modules, pack_right, processed_logprobs
+from minite_core.seeds import derive_seed
 from minite_core.model import PRESETS, CausalLM
 from minite_core.profiles import get_profile
 

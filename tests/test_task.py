@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from minite_core.rl.task import (
+from minite_core.task.arithmetic import (
     LEVELS,
     PROMPT_MAX_CHARS,
     RESPONSE_MAX_CHARS,
@@ -23,7 +23,7 @@ from minite_core.rl.task import (
     solve,
     write_jsonl,
 )
-from minite_core.rl.tokenizer import (
+from minite_core.task.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,

@@ -41,7 +41,7 @@ def test_vllm_unavailable_fails_loudly():
 
 
 def _sample(ckpt, out, prompts_file):
-    cmd = [sys.executable, "-m", "minite_core.engines.vllm_compare", "sample", "--checkpoint", str(ckpt),
+    cmd = [sys.executable, "-m", "minite_core.peers.vllm_compare", "sample", "--checkpoint", str(ckpt),
            "--prompts", str(prompts_file), "--out", str(out), "--max-new-tokens", "6", "--seed", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -52,13 +52,13 @@ def _sample(ckpt, out, prompts_file):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bf16-moe", "nvfp4-dense"])
 def test_vllm_generation_matches_our_learner(kind, tmp_path):
-    from minite_core.engines.export import export_nvfp4, load_nvfp4
+    from minite_core.model.nvfp4_io import export_nvfp4, load_nvfp4
     from minite_core.engines.learner import Learner
     from minite_core.engines.sampler import Rollout
-    from minite_core.engines.vllm_compare import DENSE, FP32, MOE, vllm_cpu_emulation
+    from minite_core.peers.vllm_compare import DENSE, FP32, MOE, vllm_cpu_emulation
     from minite_core.model import CausalLM, load_pretrained, save_pretrained
-    from minite_core.nn import calibrate
-    from minite_core.rl.tokenizer import build_tokenizer, save_tokenizer
+    from minite_core.model import calibrate
+    from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
     tok = build_tokenizer()
     prompts = [tok("12+34=\n")["input_ids"], tok("7*8=\n")["input_ids"]]
@@ -88,7 +88,7 @@ def test_vllm_generation_matches_our_learner(kind, tmp_path):
     # bf16-level differences of vLLM's attention kernels (results/vllm-cpu/README.md). What must hold exactly is
     # the GEMM arithmetic: vLLM's own emulation functions vs ours, on every Linear of the checkpoint.
     out = tmp_path / "kc.json"
-    proc = subprocess.run([sys.executable, "-m", "minite_core.engines.vllm_compare", "kernel-check",
+    proc = subprocess.run([sys.executable, "-m", "minite_core.peers.vllm_compare", "kernel-check",
                            "--checkpoint", str(ckpt), "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(out.read_text())["summary"]

@@ -162,7 +162,7 @@ def build(cfg: LearnerBenchConfig, device: torch.device):
 def _set_step_seed(model, step: int, seed: int = 0) -> None:
     """Stochastic-rounding seeds as the Learner sets them: module j gets derive_seed(run seed, step, j)."""
     from minite_core.engines.learner import gemm_modules
-    from minite_core.engines.sampler import derive_seed
+    from minite_core.seeds import derive_seed
 
     for j, module in enumerate(gemm_modules(model)):
         module.seed = derive_seed(seed, step, j)

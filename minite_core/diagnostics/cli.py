@@ -25,15 +25,16 @@ import torch
 from minite_core.diagnostics import attribution as attr
 from minite_core.diagnostics.metrics import mismatch_by_position, mismatch_metrics
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
-from minite_core.engines import Learner, Sampler, derive_seed, gemm_modules
+from minite_core.engines import Learner, Sampler, gemm_modules
 from minite_core.model import load_pretrained
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
-from minite_core.rl.tokenizer import BOS_ID, EOS_ID
+from minite_core.seeds import derive_seed
+from minite_core.task.tokenizer import BOS_ID, EOS_ID
 
 DEFAULT_PAIRS = "bf16:bf16,te-nvfp4:vllm-nvfp4,te-nvfp4:vllm-marlin-w4a16,minite:minite"
 PROMPT_STREAM, CALIB_STREAM = 1, 2  # seed streams: measured prompts and calibration data never share draws
-NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (rl.tokenizer); random prompts avoid them
+NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (task.tokenizer); random prompts avoid them
 
 
 def _log(msg: str) -> None:
@@ -73,7 +74,7 @@ def random_calibration(n: int, length: int, vocab: int, seed: int, batch: int = 
 
 
 def jsonl_prompts(path, tokenizer, n: int) -> list[list[int]]:
-    from minite_core.rl.task import read_jsonl
+    from minite_core.task.arithmetic import read_jsonl
     rows = read_jsonl(path)[:n]
     if len(rows) < n:
         raise ValueError(f"{path}: asked for {n} prompts, file has {len(rows)}")
@@ -82,7 +83,7 @@ def jsonl_prompts(path, tokenizer, n: int) -> list[list[int]]:
 
 def jsonl_calibration(path, tokenizer, n: int, batch: int = 8) -> list[dict]:
     """Prompt + response text of the first n rows, as right-padded batches with attention masks."""
-    from minite_core.rl.task import read_jsonl
+    from minite_core.task.arithmetic import read_jsonl
     rows = read_jsonl(path)[:n]
     if not rows:
         raise ValueError(f"{path}: no calibration rows")
@@ -96,7 +97,7 @@ def jsonl_calibration(path, tokenizer, n: int, batch: int = 8) -> list[dict]:
 
 def _check_disjoint(calib_path, n: int, prompts: list[list[int]], tokenizer) -> None:
     """Static scales fitted on the measured prompts would flatter the static sampler: refuse any overlap."""
-    from minite_core.rl.task import read_jsonl
+    from minite_core.task.arithmetic import read_jsonl
     measured = {tuple(p) for p in prompts}
     shared = [r["prompt"] for r in read_jsonl(calib_path)[:n] if tuple(tokenizer(r["prompt"])["input_ids"]) in measured]
     if shared:
@@ -105,7 +106,7 @@ def _check_disjoint(calib_path, n: int, prompts: list[list[int]], tokenizer) -> 
 
 
 def calibrate_model(model, batches) -> dict[str, float]:
-    from minite_core.nn import calibrate
+    from minite_core.model import calibrate
     device = model.lm_head.weight.device
     moved = [{k: v.to(device) for k, v in b.items()} if isinstance(b, dict) else b.to(device) for b in batches]
     return calibrate(model, moved)
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = model.config.vocab_size
     tokenizer = None
     if (ckpt / "tokenizer.json").exists():
-        from minite_core.rl.tokenizer import load_tokenizer
+        from minite_core.task.tokenizer import load_tokenizer
         tokenizer = load_tokenizer(ckpt)
     if (args.prompts or args.calib) and tokenizer is None:
         raise FileNotFoundError(f"--prompts/--calib are text: {ckpt} has no tokenizer.json to encode them with")

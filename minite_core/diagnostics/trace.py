@@ -34,7 +34,7 @@ from minite_core.model import KVCache, set_profile
 from minite_core.model.qwen3_moe import Attention, DecoderLayer, DenseMLP, SparseMoE
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import PAD_ID
+from minite_core.task.tokenizer import PAD_ID
 
 TRACE_THRESHOLD = 1e-3  # relative error at which an op "diverges" (one bf16 rounding flip is ~4e-3 per element)
 MODES = ("prefill", "decode")

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from minite_core.engines.sampler import derive_seed, processed_logprobs
+from minite_core.engines.sampler import processed_logprobs
 from minite_core.model import set_profile
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import PAD_ID
+from minite_core.seeds import derive_seed
+from minite_core.task.tokenizer import PAD_ID
 
 
 def gemm_modules(model) -> list[torch.nn.Module]:

@@ -32,28 +32,8 @@ import torch
 
 from minite_core.model import KVCache, set_profile
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import EOS_ID, PAD_ID
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def derive_seed(*keys: int) -> int:
-    """A 48-bit seed from integer keys (run seed, step, index, ...) by splitmix64 chaining: pure, platform-free,
-    and well mixed, so neighbouring keys give unrelated streams (unlike seed + index). 48 bits leave headroom
-    for consumers' arithmetic (nn.linear seeds its backward with 2*seed+1, experts add e * 1_000_003) inside
-    torch.Generator's 64-bit range."""
-    h = 0
-    for key in keys:
-        h = _splitmix64(h ^ (int(key) & _MASK64))
-    return h & ((1 << 48) - 1)
-
+from minite_core.seeds import derive_seed
+from minite_core.task.tokenizer import EOS_ID, PAD_ID
 
 @dataclass
 class Rollout:

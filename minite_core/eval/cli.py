@@ -31,7 +31,7 @@ from pathlib import Path
 
 from minite_core.results import read_result, write_result
 
-HELDOUT, TOKENIZER = "heldout.jsonl", "tokenizer"  # minite_core.rl.data's layout
+HELDOUT, TOKENIZER = "heldout.jsonl", "tokenizer"  # minite_core.task.data's layout
 # The headline column of each task in eval_table (lower is better for bits per byte).
 HEADLINE = {"heldout_gen": "exact_match", "heldout_mc": "acc", "heldout_ppl": "bits_per_byte"}
 

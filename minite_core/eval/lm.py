@@ -24,7 +24,7 @@ Conventions, chosen to match lm-eval's `hf` model request by request:
 - `dtype=float32` promotes the profile's compute, router and LM-head dtypes to fp32 (the peer-check setting);
   parameters are always loaded as fp32 masters and cast per op by the profile.
 - static-scale profiles (`vllm-nvfp4`) need calibrated activation amaxes: taken from the checkpoint when it
-  carries them (unless `recalibrate=True`), else computed by `nn.calibrate` on `calib=PATH.jsonl` (the first
+  carries them (unless `recalibrate=True`), else computed by `model.calibrate` on `calib=PATH.jsonl` (the first
   `calib_n` prompt + response texts, one sequence per batch so no pad enters an amax), else an error.
 
 Batch composition matters under per-tensor dynamic activation scales (the amax is over every token of the batch,
@@ -48,10 +48,10 @@ from tqdm import tqdm
 from minite_core.engines.sampler import Sampler
 from minite_core.model import load_pretrained, set_profile
 from minite_core.nn import GroupedLinear, QuantLinear
-from minite_core.nn.calibrate import calibrate
+from minite_core.model.calibrate import calibrate
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.task import read_jsonl
-from minite_core.rl.tokenizer import EOS_ID, load_tokenizer
+from minite_core.task.arithmetic import read_jsonl
+from minite_core.task.tokenizer import EOS_ID, load_tokenizer
 
 DTYPES = ("auto", "float32", "bfloat16")
 

@@ -2,7 +2,7 @@
 
 What: `build_tasks(heldout_jsonl, folder)` writes one YAML per task plus the JSONL each reads into `folder`;
 `task_manager(folder)` returns `TaskManager(include_path=folder, include_defaults=False)`, which sees only these.
-Three views of the RL task's held-out split (rl/task.py):
+Three views of the RL task's held-out split (task/arithmetic.py):
 - `heldout_gen` (generate_until): prompt -> greedy response, stop at `<eos>` (the model's) or a blank line;
   `exact_match` = the last well-formed `answer: N` line equals the reference (`task.extract_answer`, which allows
   leading/trailing spaces on the line and ignores everything else) — the RL reward at format_credit 0.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from minite_core.rl.task import LEVELS, choices, extract_answer, read_jsonl, write_jsonl
+from minite_core.task.arithmetic import LEVELS, choices, extract_answer, read_jsonl, write_jsonl
 
 TASKS = ("heldout_gen", "heldout_mc", "heldout_ppl")
 MC_CONTEXTS = ("scratchpad", "prompt")

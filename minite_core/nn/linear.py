@@ -157,7 +157,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
         return F.linear(x.to(dtype), weight.to(dtype))
     if profile.activation is not None and profile.activation.static and input_amax is None:
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
-                           "minite_core.nn.calibrate(model, batches) first")
+                           "minite_core.model.calibrate(model, batches) first")
     lead = x.shape[:-1]
     y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused)
     return y.reshape(*lead, weight.shape[0])

@@ -49,18 +49,20 @@ import torch
 from tqdm.auto import tqdm
 
 from minite_core.diagnostics.metrics import mismatch_metrics
-from minite_core.engines import Learner, Sampler, derive_seed
+from minite_core.engines import Learner, Sampler
 from minite_core.model import load_pretrained, save_pretrained, set_profile
-from minite_core.nn import calibrate, track_optimizer
+from minite_core.model import calibrate
+from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import write_result
-from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, add_run_args, config_to_dict, fingerprint,
+from minite_core.seeds import TAGS, derive_seed
+from minite_core.runs.state import (StepLog, add_run_args, config_to_dict, fingerprint,
                                        parse_run_args, resume_or_fresh, save_state)
-from minite_core.rl.data import load_split
+from minite_core.task.data import load_split
 from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
 from minite_core.rl.pretrain import decode_response, encode, eval_subset, greedy_accuracy, max_response_tokens
-from minite_core.rl.task import reward
-from minite_core.rl.tokenizer import load_tokenizer, save_tokenizer
+from minite_core.task.arithmetic import reward
+from minite_core.task.tokenizer import load_tokenizer, save_tokenizer
 
 FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
@@ -110,7 +112,7 @@ def parse_correction(name: str | None) -> str | None:
 
 def calibration_batches(tok, train: list[dict], n: int, seed: int, batch_size: int = 16):
     """Right-padded (input_ids, attention_mask) batches of ``n`` training examples chosen by the run seed."""
-    g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["init"]))
+    g = torch.Generator().manual_seed(derive_seed(seed, TAGS["init"]))
     pick = torch.randperm(len(train), generator=g)[:n].tolist()
     prompts, responses = encode(tok, [train[i] for i in pick])
     seqs = [p + r for p, r in zip(prompts, responses)]
@@ -134,14 +136,14 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns)."""
     B, G = cfg.prompts_per_step, cfg.group_size
-    g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["batch"], step))
+    g = torch.Generator().manual_seed(derive_seed(seed, TAGS["batch"], step))
     pick = torch.randperm(len(train), generator=g)[:B].tolist()
     prompts = [train_prompts[i] for i in pick for _ in range(G)]  # (N,) groups contiguous
     answers = [train[i]["answer"] for i in pick for _ in range(G)]
 
     t0 = time.perf_counter()
     roll = sampler.generate(prompts, max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=derive_seed(seed, SEED_TAGS["sample"], step))
+                            seed=derive_seed(seed, TAGS["sample"], step))
     t_sample = time.perf_counter() - t0
     rewards = torch.tensor([reward(decode_response(tok, r), a, cfg.format_credit)
                             for r, a in zip(roll.response_ids, answers)], device=learner.device)
@@ -230,7 +232,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
             calibrate(model, [{k: v.to(device) for k, v in b.items()} for b in
                               calibration_batches(tok, train_set, cfg.calibration_examples, seed)])
             calibrated = True
-    learner = Learner(model, L, seed=derive_seed(seed, SEED_TAGS["learner"]))
+    learner = Learner(model, L, seed=derive_seed(seed, TAGS["learner"]))
     sampler = Sampler(model, S)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step

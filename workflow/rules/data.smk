@@ -1,5 +1,5 @@
 # Stage: the RL task's data — train / held-out JSONL of the arithmetic task + the character-level tokenizer
-# (minite_core.rl.data; `minite data`). Deterministic in (config `data:`, `seed`).
+# (minite_core.task.data; `minite data`). Deterministic in (config `data:`, `seed`).
 import json
 
 

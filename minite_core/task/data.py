@@ -1,7 +1,7 @@
 """`minite data`: the RL stage's inputs — train / held-out JSONL of the arithmetic task and the tokenizer directory.
 
 What it writes under ``--out``:
-    train.jsonl     one example a line: {"prompt", "response", "answer", "level"} (rl/task.py's format)
+    train.jsonl     one example a line: {"prompt", "response", "answer", "level"} (task/arithmetic.py's format)
     heldout.jsonl   same, prompts disjoint from train (never used for training or calibration)
     tokenizer/      the character-level tokenizer (transformers ``save_pretrained`` layout)
     data.json       results contract (stage "data"): counts, prompt/response length stats per level
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minite_core.results import write_result
-from minite_core.rl.checkpoint import config_from_json, config_to_dict
-from minite_core.rl.task import LEVELS, TaskConfig, level_index, make_splits, read_jsonl, write_jsonl
-from minite_core.rl.tokenizer import build_tokenizer, save_tokenizer
+from minite_core.runs.state import config_from_json, config_to_dict
+from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits, read_jsonl, write_jsonl
+from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
 TRAIN, HELDOUT, TOKENIZER = "train.jsonl", "heldout.jsonl", "tokenizer"
 

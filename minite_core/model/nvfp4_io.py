@@ -1,6 +1,6 @@
 """NVFP4 checkpoint export / import in the compressed-tensors `nvfp4-pack-quantized` layout (what vLLM loads).
 
-What: our CausalLM (+ the static activation amax that `minite_core.nn.calibrate` records) -> a transformers-style
+What: our CausalLM (+ the static activation amax that `minite_core.model.calibrate` records) -> a transformers-style
 checkpoint directory whose decoder Linears are W4A4 NVFP4, and back. Every quantized Linear `P` becomes
 
     P.weight_packed        uint8          [out, in/2]   two E2M1 codes a byte, even column in the low nibble
@@ -46,7 +46,8 @@ from minite_core.formats.nvfp4 import GLOBAL_ENC_NUMERATOR, NVFP4Tensor, dequant
 from minite_core.model.config import ModelConfig
 from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, read_safetensors
 from minite_core.model.qwen3_moe import CausalLM
-from minite_core.nn import GroupedLinear, QuantLinear, calibrate
+from minite_core.model.calibrate import calibrate
+from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.profiles import Profile, get_profile
 
 FORMAT = "nvfp4-pack-quantized"
@@ -232,7 +233,7 @@ def amax_for_encode_scale(s_enc: torch.Tensor) -> torch.Tensor:
 def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = "vllm-nvfp4",
                  dtype: torch.dtype = torch.bfloat16, weights: dict | None = None) -> Path:
     """Write `path/config.json` (+ quantization_config) and `path/model.safetensors` in the compressed-tensors
-    NVFP4 layout. Every quantized Linear needs a calibrated `input_amax` (`minite_core.nn.calibrate`).
+    NVFP4 layout. Every quantized Linear needs a calibrated `input_amax` (`minite_core.model.calibrate`).
     `weights`: NVFP4 tensors to write instead of quantizing (e.g. those returned by `load_nvfp4`)."""
     profile = get_profile(profile)
     weights = quantize_checkpoint_weights(model, profile) if weights is None else weights
@@ -240,7 +241,7 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
     missing = sorted({p for p, _, a in entries if a is None})
     if missing:
         raise ValueError(f"{len(missing)} Linears have no calibrated input_amax (e.g. {missing[:3]}): run "
-                         "minite_core.nn.calibrate(model, batches) before export_nvfp4")
+                         "minite_core.model.calibrate(model, batches) before export_nvfp4")
     tensors: dict[str, torch.Tensor] = {}
     for prefix, w, amax in entries:
         tensors[f"{prefix}.weight_packed"] = w.nvfp4.data.contiguous().cpu()
@@ -418,7 +419,7 @@ class pinned_weights:
 def main(argv: list[str] | None = None) -> int:
     """`minite export --model DIR --out DIR [--profile vllm-nvfp4] [--calib-jsonl F --tokenizer DIR]`.
     The model dir is one `save_pretrained` wrote; if it carries no calibrated input_amax, --calib-jsonl (the task's
-    JSONL; prompt + response texts) calibrates it first with minite_core.nn.calibrate."""
+    JSONL; prompt + response texts) calibrates it first with minite_core.model.calibrate."""
     ap = argparse.ArgumentParser(prog="minite export", description="NVFP4 (compressed-tensors) checkpoint export")
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
@@ -435,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calib_jsonl:
         if not args.tokenizer:
             ap.error("--calib-jsonl needs --tokenizer")
-        from minite_core.rl.task import read_jsonl
-        from minite_core.rl.tokenizer import load_tokenizer
+        from minite_core.task.arithmetic import read_jsonl
+        from minite_core.task.tokenizer import load_tokenizer
 
         tok = load_tokenizer(args.tokenizer)
         rows = read_jsonl(args.calib_jsonl)[: args.calib_rows]

@@ -2,7 +2,7 @@
 
 A run (SFT pretraining or GRPO) is a pure function of (config, run seed, step): every random draw — the batch of
 prompts at step s, the sampler's seed for response i of step s, the stochastic-rounding seeds of the learner —
-comes from ``engines.derive_seed(run_seed, tag, step, index)`` (integer tags, ``SEED_TAGS``). So a checkpoint
+comes from ``seeds.derive_seed(run_seed, tag, step, index)`` (integer tags, ``seeds.TAGS``). So a checkpoint
 needs no RNG state: model parameters, the optimizer state, the step, and the config the run was started with
 (checked on resume: ``load_state`` raises on a different config rather than silently mixing two runs; the config
 includes a ``fingerprint`` of the inputs and the code, so a changed run recomputes). Killing a run and resuming it
@@ -35,9 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-# First key after the run seed, so the streams of different purposes never coincide (derive_seed takes ints).
-SEED_TAGS = {"init": 1, "batch": 2, "sample": 3, "learner": 4, "eval": 5}
 
 
 # ----------------------------------------------------------------------------------------------- configs

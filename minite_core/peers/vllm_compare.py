@@ -1,14 +1,14 @@
 """Real peer measurement: our learners against the real vLLM sampler (BF16 and NVFP4), on CPU.
 
-What: `python -m minite_core.engines.vllm_compare run --out results/vllm-cpu` (in the vLLM peer venv) builds two
+What: `python -m minite_core.peers.vllm_compare run --out results/vllm-cpu` (in the vLLM peer venv) builds two
 small random checkpoints, samples rollouts from them with real vLLM (`VLLMSampler`), scores the same tokens with
 our `Learner` under several profiles, and writes one results-contract JSON per (learner, sampler) pair
 (stage `vllm_peer`) plus `summary.md`:
 
   (a) BF16, Qwen3-MoE: our bf16 / fp32 learner <-> vLLM bf16 (and fp32 <-> vLLM fp32 as the plumbing anchor),
       next to our own bf16 sampler <-> bf16 learner pair.
-  (b) NVFP4 W4A4, dense Qwen3 (vLLM has no CPU NVFP4 MoE): the checkpoint is written by `engines.export` from our
-      model after `nn.calibrate`; vLLM runs it with its emulation kernel (see `engines.vllm_sampler`). Does our
+  (b) NVFP4 W4A4, dense Qwen3 (vLLM has no CPU NVFP4 MoE): the checkpoint is written by `model.nvfp4_io` from our
+      model after `model.calibrate`; vLLM runs it with its emulation kernel (see `peers.vllm_sampler`). Does our
       `vllm-nvfp4` emulation reproduce vLLM? Three rungs, each closing one cause:
         vllm-nvfp4                 our profile as the nn runs it today: per-matrix weight global scales;
         vllm-nvfp4+ckpt-codes      the checkpoint's own codes (shared q/k/v and gate/up scales) pinned
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from minite_core.diagnostics.metrics import mismatch_metrics
-from minite_core.engines.export import (
+from minite_core.model.nvfp4_io import (
     CheckpointWeight,
     amax_for_encode_scale,
     export_nvfp4,
@@ -48,12 +48,11 @@ from minite_core.engines.learner import Learner
 from minite_core.engines.sampler import Rollout, Sampler
 from minite_core.formats.e2m1 import e2m1_decode, unpack_fp4
 from minite_core.formats.nvfp4 import BLOCK, dequantize, global_encode_scale, quantize
-from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained
-from minite_core.nn import calibrate
+from minite_core.model import PRESETS, CausalLM, calibrate, load_pretrained, save_pretrained
 from minite_core.profiles import get_profile
 from minite_core.results import write_json, write_result
-from minite_core.rl.task import make_example
-from minite_core.rl.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
+from minite_core.task.arithmetic import make_example
+from minite_core.task.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
 
 STAGE, EXPERIMENT = "vllm_peer", "vllm-cpu"
 FP32 = get_profile("bf16").replace(name="fp32", dtype="float32", router_dtype="float32", lm_head_dtype="float32")
@@ -128,7 +127,7 @@ def _rollout(d: dict) -> Rollout:
 
 # ---- one vLLM engine per process ------------------------------------------------------------------------------
 def sample_main(args) -> int:
-    from minite_core.engines.vllm_sampler import VLLMSampler, available
+    from minite_core.peers.vllm_sampler import VLLMSampler, available
 
     ok, version = available()
     if not ok:
@@ -146,7 +145,7 @@ def sample_main(args) -> int:
 
 
 def _vllm_sample(checkpoint: Path, dtype: str, prompts_file: Path, out: Path, a) -> dict:
-    cmd = [sys.executable, "-m", "minite_core.engines.vllm_compare", "sample", "--checkpoint", str(checkpoint),
+    cmd = [sys.executable, "-m", "minite_core.peers.vllm_compare", "sample", "--checkpoint", str(checkpoint),
            "--dtype", dtype, "--prompts", str(prompts_file), "--out", str(out), "--seed", str(a.seed),
            "--max-new-tokens", str(a.max_new_tokens), "--temperature", str(a.temperature), "--top-p", str(a.top_p)]
     log = out.with_suffix(".log")
@@ -279,8 +278,8 @@ def run_main(a) -> int:
     export_nvfp4(dense, nv_dir, profile="vllm-nvfp4")
     save_tokenizer(tok, nv_dir)
     ckpt_model, ckpt_weights = load_nvfp4(nv_dir)
-    cfg_nv = {"checkpoint": "random dense Qwen3, NVFP4 W4A4 compressed-tensors (engines.export)",
-              "model": DENSE.to_hf(), "calibration": "32 task texts, nn.calibrate (bf16)"}
+    cfg_nv = {"checkpoint": "random dense Qwen3, NVFP4 W4A4 compressed-tensors (model.nvfp4_io)",
+              "model": DENSE.to_hf(), "calibration": "32 task texts, model.calibrate (bf16)"}
     r_d16 = _vllm_sample(dense_dir, "bfloat16", prompts_file, work / "dense_vllm_bf16.json", a)
     r_nv = _vllm_sample(nv_dir, "bfloat16", prompts_file, work / "dense_vllm_nvfp4.json", a)
     ent_d = _entropy(dense, _rollout(r_nv))
@@ -313,7 +312,7 @@ def run_main(a) -> int:
 
     # kernel check (vLLM's functions, in a subprocess: importing vLLM here would change torch's threading)
     kc = work / "kernel_check.json"
-    rc = subprocess.run([sys.executable, "-m", "minite_core.engines.vllm_compare", "kernel-check",
+    rc = subprocess.run([sys.executable, "-m", "minite_core.peers.vllm_compare", "kernel-check",
                          "--checkpoint", str(nv_dir), "--out", str(kc), "--seed", str(a.seed)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if rc.returncode != 0:
@@ -344,7 +343,7 @@ def _write_summary(path: Path, results, kcheck: dict, vllm_version: str) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minite_core.engines.vllm_compare")
+    ap = argparse.ArgumentParser(prog="python -m minite_core.peers.vllm_compare")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="the whole measurement (results JSON + summary.md)")
     r.add_argument("--out", default="results/vllm-cpu")
