@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from minite_core.diagnostics.metrics import KEYS as MISMATCH_KEYS
+from minite_core.engines.mismatch import KEYS as MISMATCH_KEYS
 from minite_core.model import load_pretrained
 from minite_core.results import read_result
 from minite_core.rl import data as data_mod

@@ -2,7 +2,7 @@
 
 For each pair "learner:sampler": the sampler generates responses to the prompts (KV-cache decode, processed
 log-probs, its argmax per step), the learner rescores the same tokens (full-sequence forward), and the mismatch
-metrics (diagnostics.metrics) are computed overall and per response-position bucket. `--trace` adds the
+metrics (engines.mismatch) are computed overall and per response-position bucket. `--trace` adds the
 first-divergence trace of each pair, prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace);
 `--attribution` the one-knob attribution from the naive pair (diagnostics.attribution). Output: one JSON per the
 results contract (stage "diagnostics"), figures optional (diagnostics.figures).
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from minite_core.diagnostics import attribution as attr
-from minite_core.diagnostics.metrics import mismatch_by_position, mismatch_metrics
+from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
 from minite_core.engines import Learner, Sampler, gemm_modules
 from minite_core.model import load_pretrained

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from minite_core.diagnostics.metrics import mismatch_metrics
+from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model.nvfp4_io import (
     CheckpointWeight,
     amax_for_encode_scale,

@@ -12,7 +12,7 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
    and starts at exactly 1. The same numbers vs the sampler's give the
-   step's ``mismatch/*`` metrics (diagnostics.metrics) — the quantity the paper is about.
+   step's ``mismatch/*`` metrics (engines.mismatch) — the quantity the paper is about.
 5. update: the N responses are split into ``mini_batches`` contiguous chunks, one AdamW step each (so from the
    second chunk on the ratio moves off 1 and the 0.2/0.28 clip acts); learner log-probs use the sampler's
    processed distribution (temperature, top-p); loss = ``policy_loss`` token-mean, no KL,
@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.diagnostics.metrics import mismatch_metrics
+from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.engines import Learner, Sampler
 from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.model import calibrate
