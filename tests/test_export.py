@@ -15,7 +15,6 @@ from minite_core.model.nvfp4_io import (
     export_nvfp4,
     fusion_groups,
     load_nvfp4,
-    main,
     pinned_weights,
     quantize_checkpoint_weights,
     shared_weight_amax,
@@ -24,6 +23,7 @@ from minite_core.formats.nvfp4 import dequantize, global_encode_scale, quantize
 from minite_core.model import PRESETS, CausalLM, save_pretrained, set_profile
 from minite_core.model.io import read_safetensors
 from minite_core.model import calibrate
+from minite_core.peers.export import main
 
 MOE = PRESETS["tiny-moe"]
 DENSE = PRESETS["tiny-dense"]

@@ -22,7 +22,7 @@ from minite_core.model import load_pretrained
 from minite_core.results import read_result
 from minite_core.rl import data as data_mod
 from minite_core.rl import train as train_mod
-from minite_core.runs.state import StepLog
+from minite_core.runs.steplog import StepLog
 from minite_core.rl.pretrain import PretrainConfig, pretrain
 from minite_core.rl.train import TIMING_PREFIX, RLConfig, run_name, train
 

@@ -29,7 +29,7 @@ import re
 
 import torch
 
-from minite_core.engines.learner import pack_right
+from minite_core.engines.batching import pack_left, pack_right
 from minite_core.model import KVCache, set_profile
 from minite_core.model.qwen3_moe import Attention, DecoderLayer, DenseMLP, SparseMoE
 from minite_core.nn import GroupedLinear, QuantLinear
@@ -144,11 +144,8 @@ def _run_decode(model, rec, prompt_ids, response_ids, device):
     # the Sampler's schedule: left-padded prefill, then step k feeds response token k of rows with k < R_i
     B, P = len(prompt_ids), max(map(len, prompt_ids))
     plen = torch.tensor([len(p) for p in prompt_ids], device=device)
-    ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=device)
-    for b, p in enumerate(prompt_ids):
-        ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+    ids, attn = pack_left(prompt_ids, device=device)  # (B, P), as the sampler prefills
     slot = torch.arange(P, device=device)[None]
-    attn = (slot >= (P - plen)[:, None]).long()  # (B, P)
     rows = torch.arange(B, device=device)[:, None]
     T = max(map(len, response_ids))
     cache = KVCache.for_model(model, B, P + T, device=device)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minite_core.engines.batching import pack_left
 from minite_core.model import KVCache, set_profile
 from minite_core.profiles import Profile, get_profile
 from minite_core.seeds import derive_seed
@@ -122,12 +123,8 @@ class Sampler:
     @torch.inference_mode()
     def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed):
         dev, B = self.device, len(prompts)
-        P = max(map(len, prompts))
-        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
-        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
-            attn[b, P - len(p):] = 1
+        ids, attn = pack_left(prompts, device=dev)  # (B, P) left-padded
+        P = ids.shape[1]
         cache = KVCache.for_model(self.model, B, P + max_new_tokens, device=dev)
         logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
         gens = [torch.Generator(device=dev).manual_seed(derive_seed(seed, i)) for i in indices]

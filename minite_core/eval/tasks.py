@@ -22,13 +22,13 @@ when no file of that name sits next to the YAML), so no Python file is generated
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from minite_core.seeds import choice_seed
 from minite_core.task.arithmetic import LEVELS, choices, extract_answer, read_jsonl, write_jsonl
 
 TASKS = ("heldout_gen", "heldout_mc", "heldout_ppl")
@@ -63,13 +63,6 @@ def process_results_gen(doc: dict, results: list[str]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------- docs
-def choice_seed(seed: int, index: int) -> int:
-    """Seed of doc `index`'s candidates: blake2b of (seed, "mc", index), so neighbouring docs get unrelated draws
-    and a doc's candidates do not depend on `limit` or on which other docs are evaluated."""
-    digest = hashlib.blake2b(f"{int(seed)}/mc/{int(index)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
 def mc_doc(example: dict, index: int, spec: TaskSpec) -> dict:
     """The multiple-choice view of one held-out example: context, candidates, gold index."""
     if spec.mc_context == "scratchpad":

@@ -63,6 +63,21 @@ def select_backend(backend: str | None = None) -> str:
     return name
 
 
+def set_backend(name: str) -> None:
+    """The kernel backend of this process ("auto" = the automatic choice); raises if it cannot run here.
+    (Run option `--kernels` / config key `kernels`; stored where `select_backend` reads it.)"""
+    if name == "auto":
+        os.environ.pop(ENV_VAR, None)
+        return
+    select_backend(name)  # raises with the reason when unusable
+    os.environ[ENV_VAR] = name
+
+
+def current_backend() -> str:
+    """The backend GEMMs and quantizers run on now (what results record in `env.kernels`)."""
+    return select_backend()
+
+
 def _quant_kwargs(quant: Quant | None, kwargs: dict) -> dict:
     q = dict(block=(1, 16), scale_mode="tensor", math="exact", rounding="rne")
     if quant is not None:

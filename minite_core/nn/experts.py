@@ -13,8 +13,7 @@ from torch import nn
 
 from minite_core.nn.linear import linear, torch_dtype
 from minite_core.profiles import PROFILES, Profile
-
-_EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide for < 1e6 experts
+from minite_core.seeds import expert_seed
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, profile: Profile, *,
@@ -23,7 +22,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, 
     outs = []
     for e, x_e in enumerate(x.split(counts.tolist())):  # .tolist(): one host sync per grouped GEMM
         if x_e.shape[0]:
-            outs.append(linear(x_e, weight[e], profile, input_amax=input_amax, seed=seed + e * _EXPERT_SEED_STRIDE,
+            outs.append(linear(x_e, weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e),
                                cache=cache, key=e))
     if not outs:
         return x.new_empty(0, weight.shape[1], dtype=torch_dtype(profile.dtype))

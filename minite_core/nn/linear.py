@@ -28,6 +28,7 @@ from torch import nn
 from minite_core.formats.nvfp4 import NVFP4Tensor
 from minite_core.kernels import dispatch
 from minite_core.profiles import PROFILES, Profile, Quant
+from minite_core.seeds import dgrad_seed, wgrad_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -133,12 +134,12 @@ class _NVFP4Linear(torch.autograd.Function):
         dy = dy.float()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dy_q = _q(dy, profile.grad, seed=2 * seed)  # (M, N) along N
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed))  # (M, N) along N
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             dy_t = _pad_tokens(dy).t().contiguous()  # (N, M')
-            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht)
+            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=wgrad_seed(seed), rht=profile.wgrad_rht)
             dw = gemm_nt(dy_t_q, NVFP4Tensor(*x_t_parts)).to(weight.dtype)
         return dx, dw, None, None, None, None, None, None
 

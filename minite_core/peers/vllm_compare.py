@@ -44,13 +44,15 @@ from minite_core.model.nvfp4_io import (
     load_nvfp4,
     pinned_weights,
 )
+from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.engines.learner import Learner
 from minite_core.engines.sampler import Rollout, Sampler
 from minite_core.formats.e2m1 import e2m1_decode, unpack_fp4
 from minite_core.formats.nvfp4 import BLOCK, dequantize, global_encode_scale, quantize
-from minite_core.model import PRESETS, CausalLM, calibrate, load_pretrained, save_pretrained
+from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained
 from minite_core.profiles import get_profile
 from minite_core.results import write_json, write_result
+from minite_core.seeds import example_seed
 from minite_core.task.arithmetic import make_example
 from minite_core.task.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
 
@@ -102,18 +104,18 @@ class vllm_cpu_emulation(pinned_weights):
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
-def _task_prompts(n: int, seed: int, tok) -> tuple[list[list[int]], list[str]]:
-    rows = [make_example(seed * 100_003 + i, i % 3) for i in range(n)]
-    return [tok(r["prompt"])["input_ids"] for r in rows], [r["prompt"] + r["response"] for r in rows]
+def _task_examples(n: int, seed: int) -> list[dict]:
+    return [make_example(example_seed(seed, i), i % 3) for i in range(n)]
 
 
-def _calibration_batches(tok, seed: int, n: int = 32, batch: int = 8) -> list[dict]:
-    _, texts = _task_prompts(n, seed + 7919, tok)
-    out = []
-    for i in range(0, n, batch):
-        enc = tok(texts[i:i + batch], return_tensors="pt", padding=True)
-        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    return out
+def _task_prompts(n: int, seed: int, tok) -> list[list[int]]:
+    return [tok(r["prompt"])["input_ids"] for r in _task_examples(n, seed)]
+
+
+def calibrate_dense(model, tok, seed: int, n: int = 32) -> dict:
+    """Static scales of the NVFP4 checkpoint: n task examples (a seed stream apart from the prompts') through the
+    calibration path every stage shares (engines.calibration)."""
+    return calibrate_on_examples(model, tok, _task_examples(n, seed + 7919), n=n, seed=seed)
 
 
 def _rollout_json(r: Rollout) -> dict:
@@ -235,7 +237,7 @@ def run_main(a) -> int:
     work = Path(a.work or out / "work")
     work.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    prompts, _ = _task_prompts(a.prompts, a.seed, tok)
+    prompts = _task_prompts(a.prompts, a.seed, tok)
     prompts_file = work / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
     common = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens, "temperature": a.temperature,
@@ -274,7 +276,7 @@ def run_main(a) -> int:
     save_pretrained(CausalLM(DENSE).init_weights(a.seed + 1, std=a.std), dense_dir, dtype=torch.bfloat16)
     save_tokenizer(tok, dense_dir)
     dense = load_pretrained(dense_dir)
-    calibrate(dense, _calibration_batches(tok, a.seed))
+    calibrate_dense(dense, tok, a.seed)
     export_nvfp4(dense, nv_dir, profile="vllm-nvfp4")
     save_tokenizer(tok, nv_dir)
     ckpt_model, ckpt_weights = load_nvfp4(nv_dir)

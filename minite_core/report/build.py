@@ -12,8 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from minite_core.bench.quant_error import to_markdown as quant_error_table
 from minite_core.profiles import PROFILES
+from minite_core.report.tables import eval_table, quant_error_table, throughput_section
 
 PAIR_LABELS = {
     "bf16:bf16": "BF16 ↔ BF16",
@@ -78,8 +78,6 @@ def section_header(results: Path) -> str:
 
 
 def section_throughput(results: Path) -> str:
-    from minite_core.bench.learner import throughput_section
-
     path = results / "throughput" / "learner.json"
     return throughput_section(path if path.exists() else None)
 
@@ -203,8 +201,6 @@ def section_eval(results: Path) -> str:
     files = sorted((results / "eval").glob("*.json"))
     if not files:
         return head + "_not run_\n"
-    from minite_core.eval.cli import eval_table
-
     return (head + "Held-out split of the task through lm-eval with the `minite` model (offline local tasks): "
             "generation exact match, multiple-choice log-likelihood, rolling perplexity. A checkpoint evaluated "
             "under another engine's profile shows what serving it with that engine's numerics costs.\n\n"

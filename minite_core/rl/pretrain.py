@@ -37,13 +37,15 @@ from tqdm.auto import tqdm
 from minite_core.engines import Sampler
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
-from minite_core.results import write_result
-from minite_core.seeds import TAGS, derive_seed
-from minite_core.runs.state import (StepLog, add_run_args, config_to_dict, fingerprint,
-                                       parse_run_args, resume_or_fresh, save_state)
+from minite_core.results import config_to_dict, write_result
+from minite_core.runs.cli import add_run_args, parse_run_args
+from minite_core.runs.state import fingerprint, resume_or_fresh, save_state
+from minite_core.runs.steplog import StepLog
+from minite_core.seeds import tagged
 from minite_core.task.data import TOKENIZER, load_split
 from minite_core.task.arithmetic import LEVELS, reward
-from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer
+from minite_core.task.tokenizer import (BOS_ID, EOS_ID, PAD_ID, decode_response, encode, load_tokenizer,
+                                        save_tokenizer)
 
 VOCAB_SIZE = 64  # len(VOCAB) = 54 rounded up to a multiple of 16 (extra rows are never targets)
 
@@ -88,17 +90,6 @@ class PretrainConfig:
 
 
 # ----------------------------------------------------------------------------------------------- shared helpers
-def encode(tok, examples: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids with <bos>, response ids + <eos>) per example: the tokenizer's conventions (task/tokenizer.py)."""
-    prompts = tok([e["prompt"] for e in examples])["input_ids"]
-    responses = tok([e["response"] for e in examples], add_special_tokens=False)["input_ids"]
-    return [list(p) for p in prompts], [list(r) + [EOS_ID] for r in responses]
-
-
-def decode_response(tok, ids: list[int]) -> str:
-    return tok.decode([t for t in ids if t != EOS_ID], skip_special_tokens=True)
-
-
 def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
     """The first ``per_level`` examples of every level (all when None or 0), in file order: the same set every
     time."""
@@ -165,7 +156,7 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
     eval_set = eval_subset(heldout, cfg.eval_per_level)
     max_new = max_response_tokens(train + heldout)
 
-    model = CausalLM(cfg.model_config()).init_weights(derive_seed(seed, TAGS["init"])).to(device)
+    model = CausalLM(cfg.model_config()).init_weights(tagged(seed, "init")).to(device)
     set_profile(model, cfg.profile)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -187,7 +178,7 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
     while done_reason is None and step < cfg.max_steps:
         step += 1
         t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(derive_seed(seed, TAGS["batch"], step))
+        g = torch.Generator().manual_seed(tagged(seed, "batch", step))
         idx = torch.randint(len(train), (cfg.batch_size,), generator=g).tolist()
         ids, mask = (t.to(device) for t in sft_batch(prompts, responses, idx))
         lr = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))

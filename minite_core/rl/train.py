@@ -48,21 +48,22 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.engines import Learner, Sampler
+from minite_core.engines.mismatch import mismatch_metrics
+from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.model import load_pretrained, save_pretrained, set_profile
-from minite_core.model import calibrate
 from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
-from minite_core.results import write_result
-from minite_core.seeds import TAGS, derive_seed
-from minite_core.runs.state import (StepLog, add_run_args, config_to_dict, fingerprint,
-                                       parse_run_args, resume_or_fresh, save_state)
+from minite_core.results import config_to_dict, write_result
+from minite_core.runs.cli import add_run_args, parse_run_args
+from minite_core.runs.state import fingerprint, resume_or_fresh, save_state
+from minite_core.runs.steplog import StepLog
+from minite_core.seeds import tagged
 from minite_core.task.data import load_split
 from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
-from minite_core.rl.pretrain import decode_response, encode, eval_subset, greedy_accuracy, max_response_tokens
+from minite_core.rl.pretrain import eval_subset, greedy_accuracy, max_response_tokens
 from minite_core.task.arithmetic import reward
-from minite_core.task.tokenizer import load_tokenizer, save_tokenizer
+from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
 
 FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
@@ -110,21 +111,14 @@ def parse_correction(name: str | None) -> str | None:
     return c
 
 
-def calibration_batches(tok, train: list[dict], n: int, seed: int, batch_size: int = 16):
-    """Right-padded (input_ids, attention_mask) batches of ``n`` training examples chosen by the run seed."""
-    g = torch.Generator().manual_seed(derive_seed(seed, TAGS["init"]))
-    pick = torch.randperm(len(train), generator=g)[:n].tolist()
-    prompts, responses = encode(tok, [train[i] for i in pick])
-    seqs = [p + r for p, r in zip(prompts, responses)]
-    for s in range(0, len(seqs), batch_size):
-        chunk = seqs[s:s + batch_size]
-        L = max(map(len, chunk))
-        ids = torch.zeros(len(chunk), L, dtype=torch.long)
-        attn = torch.zeros(len(chunk), L, dtype=torch.long)
-        for b, q in enumerate(chunk):
-            ids[b, :len(q)] = torch.tensor(q)
-            attn[b, :len(q)] = 1
-        yield {"input_ids": ids, "attention_mask": attn}
+def calibrate_static(model, profiles, tok, train: list[dict], n: int, seed: int) -> dict | None:
+    """Static activation scales for the first profile that needs them (initial weights, training examples: the
+    module docstring), through the shared path (engines.calibration). None when no profile needs them."""
+    for prof in profiles:
+        if prof.needs_calibration:
+            set_profile(model, prof)
+            return calibrate_on_examples(model, tok, train, n=n, seed=seed)
+    return None
 
 
 def _pad_cols(t: torch.Tensor, T: int) -> torch.Tensor:
@@ -136,14 +130,14 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns)."""
     B, G = cfg.prompts_per_step, cfg.group_size
-    g = torch.Generator().manual_seed(derive_seed(seed, TAGS["batch"], step))
+    g = torch.Generator().manual_seed(tagged(seed, "batch", step))
     pick = torch.randperm(len(train), generator=g)[:B].tolist()
     prompts = [train_prompts[i] for i in pick for _ in range(G)]  # (N,) groups contiguous
     answers = [train[i]["answer"] for i in pick for _ in range(G)]
 
     t0 = time.perf_counter()
     roll = sampler.generate(prompts, max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=derive_seed(seed, TAGS["sample"], step))
+                            seed=tagged(seed, "sample", step))
     t_sample = time.perf_counter() - t0
     rewards = torch.tensor([reward(decode_response(tok, r), a, cfg.format_credit)
                             for r, a in zip(roll.response_ids, answers)], device=learner.device)
@@ -225,14 +219,8 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     max_new = cfg.max_new_tokens or max_response_tokens(train_set + heldout)
 
     model = load_pretrained(pretrained, dtype=torch.float32, device=device)
-    calibrated = False
-    for prof in (S, L):
-        if prof.needs_calibration and not calibrated:  # once, initial weights, training data (module docstring)
-            set_profile(model, prof)
-            calibrate(model, [{k: v.to(device) for k, v in b.items()} for b in
-                              calibration_batches(tok, train_set, cfg.calibration_examples, seed)])
-            calibrated = True
-    learner = Learner(model, L, seed=derive_seed(seed, TAGS["learner"]))
+    calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
+    learner = Learner(model, L, seed=tagged(seed, "learner"))
     sampler = Sampler(model, S)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step

@@ -19,60 +19,18 @@ Files (all written atomically: temp file + ``os.replace``, so an interruption le
 Differs from the usual ``torch.save(everything)`` + ``torch.get_rng_state()`` checkpoints: there is no global RNG
 to save because none is used, which is also what makes the sampler's draws independent of batching order.
 
-Configs are frozen dataclasses; ``config_from_json`` builds one from the JSON a Snakemake rule passes on the
-command line (unknown keys are an error; lists become tuples so the dataclass stays hashable).
 """
 from __future__ import annotations
 
-import csv
-import dataclasses
 import hashlib
 import io
-import json
-import math
-import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from minite_core.results import atomic_write_bytes
 
-# ----------------------------------------------------------------------------------------------- configs
-def _tuples(value):
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    return value
-
-
-def config_from_dict(cls, data: dict | None):
-    """Frozen dataclass ``cls`` from a dict; unknown keys raise ValueError naming them and the known ones."""
-    data = dict(data or {})
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known: {sorted(names)}")
-    return cls(**{k: _tuples(v) for k, v in data.items()})
-
-
-def config_from_json(cls, text: str | None):
-    return config_from_dict(cls, json.loads(text) if text else {})
-
-
-def config_to_dict(cfg) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists: the form it is compared in
-
-
-# ----------------------------------------------------------------------------------------------- state
 _AMAX = ".input_amax"
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def save_state(directory: str | Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -85,7 +43,7 @@ def save_state(directory: str | Path, *, step: int, model: torch.nn.Module, opti
     amax = {k: v.detach().cpu().clone() for k, v in state.items() if k.endswith(_AMAX)}
     torch.save({"step": int(step), "model": params, "amax": amax, "optimizer": optimizer.state_dict(),
                 "config": config, "extra": extra or {}}, buf)
-    _atomic_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -136,76 +94,3 @@ def fingerprint(*paths: str | Path) -> str:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
-
-
-def add_run_args(parser, config_help: str) -> None:
-    """The arguments every resumable run CLI shares (`minite pretrain`, `minite rl`)."""
-    parser.add_argument("--state", default=None, help="resume-state directory (default: <out>/state)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config-json", default="{}", help=config_help)
-    parser.add_argument("--experiment", default="adhoc")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
-    parser.add_argument("--no-progress", action="store_true")
-
-
-def parse_run_args(parser, argv, config_cls):
-    """-> (args, config): parse, apply --threads, build the frozen config from --config-json."""
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return args, config_from_json(config_cls, args.config_json)
-
-
-# ----------------------------------------------------------------------------------------------- step log
-class StepLog:
-    """Append-only CSV of per-step metrics, flushed every row (a killed run loses at most the row in flight).
-
-    Columns are fixed by the first row (later rows may not add keys: a missing metric is written empty, NaN).
-    ``truncate(step)`` keeps the rows with ``step <= step`` (resume). Floats are written with ``repr`` so the
-    file round-trips exactly and the resume test can compare rows as strings.
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.columns: list[str] | None = None
-        if self.path.exists() and self.path.stat().st_size:
-            with self.path.open(newline="") as f:
-                self.columns = next(csv.reader(f), None)
-
-    def rows(self) -> list[dict[str, str]]:
-        if not self.path.exists():
-            return []
-        with self.path.open(newline="") as f:
-            return list(csv.DictReader(f))
-
-    def truncate(self, step: int) -> None:
-        rows = [r for r in self.rows() if int(r["step"]) <= step]
-        if self.columns is None:
-            return
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=self.columns, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-        _atomic_bytes(self.path, buf.getvalue().encode())
-
-    def append(self, row: dict[str, Any]) -> None:
-        if self.columns is None:
-            self.columns = list(row)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(",".join(self.columns) + "\n")
-        extra = set(row) - set(self.columns)
-        if extra:
-            raise ValueError(f"{self.path}: new columns {sorted(extra)} after the header {self.columns}")
-        with self.path.open("a", newline="") as f:
-            csv.writer(f, lineterminator="\n").writerow([_fmt(row.get(c)) for c in self.columns])
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, torch.Tensor):
-        v = v.item()
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else repr(v)
-    return str(v)

@@ -18,8 +18,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from minite_core.results import write_result
-from minite_core.runs.state import config_from_json, config_to_dict
+import torch
+
+from minite_core.results import config_from_json, config_to_dict, write_result
+from minite_core.seeds import tagged
 from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits, read_jsonl, write_jsonl
 from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
@@ -65,6 +67,17 @@ def load_split(data_dir: str | Path, split: str) -> list[dict]:
     if name is None:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     return read_jsonl(Path(data_dir) / name)
+
+
+def calibration_examples(rows: list[dict], n: int, seed: int) -> list[dict]:
+    """The `n` examples (of a split's rows) that calibrate static activation scales, chosen by the run seed: the
+    same choice in every stage (RL, eval, diagnostics, export), so one checkpoint gets one set of scales."""
+    if n < 1:
+        raise ValueError(f"calibration needs n >= 1 examples, got {n}")
+    if not rows:
+        raise ValueError("no calibration examples: the calibration file is empty")
+    g = torch.Generator().manual_seed(tagged(seed, "init"))
+    return [rows[i] for i in torch.randperm(len(rows), generator=g)[:n].tolist()]
 
 
 def main(argv: list[str] | None = None) -> int:
