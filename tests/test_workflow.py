@@ -40,6 +40,11 @@ def test_invalid_config_names_the_key(tmp_path, yaml_text, key):
     assert key in res.stderr + res.stdout
 
 
+def test_lint_is_clean():
+    res = subprocess.run([*SNAKEMAKE, "--lint"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "Congratulations" in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
+
+
 def test_slurm_profile_dry_run():
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="optional extra `slurm` not installed")
     res = _dry_run("--workflow-profile", "workflow/profiles/slurm", "--configfile", "experiments/h200.yaml")

@@ -60,7 +60,7 @@ from minite_core.runs.state import fingerprint, resume_or_fresh, save_state
 from minite_core.runs.steplog import StepLog
 from minite_core.seeds import tagged
 from minite_core.task.data import load_split
-from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
+from minite_core.rl.grpo import group_advantages, parse_correction, policy_loss, run_name
 from minite_core.rl.pretrain import eval_subset, greedy_accuracy, max_response_tokens
 from minite_core.task.arithmetic import reward
 from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
@@ -97,18 +97,6 @@ class RLConfig:
             raise ValueError("RLConfig.group_size must be >= 2 (GRPO needs a group baseline)")
         if self.mini_batches < 1 or (self.prompts_per_step * self.group_size) % self.mini_batches:
             raise ValueError(f"mini_batches={self.mini_batches} must divide prompts_per_step*group_size")
-
-
-def run_name(learner: str, sampler: str, correction: str | None) -> str:
-    """``{learner}__{sampler}__{correction}`` (correction "none" when off): the results directory of the run."""
-    return f"{learner}__{sampler}__{correction or 'none'}"
-
-
-def parse_correction(name: str | None) -> str | None:
-    c = None if name in (None, "", "none") else name
-    if c not in CORRECTIONS:
-        raise ValueError(f"unknown correction {name!r}; known: none, {', '.join(CORRECTIONS[1:])}")
-    return c
 
 
 def calibrate_static(model, profiles, tok, train: list[dict], n: int, seed: int) -> dict | None:
