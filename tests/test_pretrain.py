@@ -11,7 +11,7 @@ import torch
 
 from minite_core.model import load_pretrained
 from minite_core.results import read_result
-from minite_core.rl import data as data_mod
+from minite_core.task import data as data_mod
 from minite_core.results import config_from_json
 from minite_core.rl.pretrain import PretrainConfig, pretrain, sft_batch
 from minite_core.task.tokenizer import EOS_ID, load_tokenizer

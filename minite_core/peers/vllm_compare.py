@@ -112,10 +112,10 @@ def _task_prompts(n: int, seed: int, tok) -> list[list[int]]:
     return [tok(r["prompt"])["input_ids"] for r in _task_examples(n, seed)]
 
 
-def calibrate_dense(model, tok, seed: int, n: int = 32) -> dict:
-    """Static scales of the NVFP4 checkpoint: n task examples (a seed stream apart from the prompts') through the
-    calibration path every stage shares (engines.calibration)."""
-    return calibrate_on_examples(model, tok, _task_examples(n, seed + 7919), n=n, seed=seed)
+def calibrate_dense(model, tok, rows: list[dict], seed: int) -> dict:
+    """Static scales of the NVFP4 checkpoint: the task examples `rows` through the calibration path every stage
+    shares (engines.calibration)."""
+    return calibrate_on_examples(model, tok, rows, n=len(rows), seed=seed)
 
 
 def _rollout_json(r: Rollout) -> dict:
@@ -276,7 +276,7 @@ def run_main(a) -> int:
     save_pretrained(CausalLM(DENSE).init_weights(a.seed + 1, std=a.std), dense_dir, dtype=torch.bfloat16)
     save_tokenizer(tok, dense_dir)
     dense = load_pretrained(dense_dir)
-    calibrate_dense(dense, tok, a.seed)
+    calibrate_dense(dense, tok, _task_examples(32, a.seed + 7919), a.seed)  # examples apart from the prompts
     export_nvfp4(dense, nv_dir, profile="vllm-nvfp4")
     save_tokenizer(tok, nv_dir)
     ckpt_model, ckpt_weights = load_nvfp4(nv_dir)
