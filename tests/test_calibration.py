@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from minite_core.formats.nvfp4 import global_encode_scale
-from minite_core.model import PRESETS, CausalLM, calibrate, load_pretrained, save_pretrained, set_profile
-from minite_core.model.calibrate import calibration_batches
+from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained, set_profile
+from minite_core.model.calibrate import calibrate, calibration_batches
 from minite_core.model.nvfp4_io import load_nvfp4
 from minite_core.nn import gemm_modules
 from minite_core.profiles import get_profile
-from minite_core.task.arithmetic import TaskConfig, make_splits, write_jsonl
+from minite_core.task.arithmetic import TaskConfig, make_splits
+from minite_core.task.jsonl import write_jsonl
 from minite_core.task.tokenizer import PAD_ID, build_tokenizer, calibration_sequences, save_tokenizer
 
 N_CALIB, SEED = 12, 3

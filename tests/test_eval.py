@@ -22,7 +22,8 @@ from minite_core.eval.cli import main as eval_main  # noqa: E402
 from minite_core.report.tables import eval_table  # noqa: E402
 from minite_core.eval.tasks import TASKS, select, task_docs  # noqa: E402
 from minite_core.model import PRESETS, CausalLM, save_pretrained  # noqa: E402
-from minite_core.task.arithmetic import TaskConfig, make_splits, read_jsonl, write_jsonl  # noqa: E402
+from minite_core.task.arithmetic import TaskConfig, make_splits  # noqa: E402
+from minite_core.task.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer, save_tokenizer  # noqa: E402
 
 N_DOCS = 8  # per task in the peer check: 4 add2 + 4 add3 (round-robin)

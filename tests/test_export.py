@@ -22,7 +22,7 @@ from minite_core.model.nvfp4_io import (
 from minite_core.formats.nvfp4 import dequantize, global_encode_scale, quantize
 from minite_core.model import PRESETS, CausalLM, save_pretrained, set_profile
 from minite_core.model.io import read_safetensors
-from minite_core.model import calibrate
+from minite_core.model.calibrate import calibrate
 from minite_core.peers.export import main
 
 MOE = PRESETS["tiny-moe"]

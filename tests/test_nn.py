@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from minite_core.formats.nvfp4 import dequantize, quantize
 from minite_core.formats.rht import rht
 from minite_core.model import PRESETS, CausalLM, set_profile
-from minite_core.model import calibrate
+from minite_core.model.calibrate import calibrate
 from minite_core.nn import GroupedLinear, QuantLinear, grouped_linear, linear
 from minite_core.profiles import PROFILES, get_profile
 

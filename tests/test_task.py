@@ -18,11 +18,10 @@ from minite_core.task.arithmetic import (
     make_example,
     make_splits,
     prompt_space_size,
-    read_jsonl,
     reward,
     solve,
-    write_jsonl,
 )
+from minite_core.task.jsonl import read_jsonl, write_jsonl
 from minite_core.task.tokenizer import (
     BOS_ID,
     EOS_ID,

@@ -57,7 +57,7 @@ def test_vllm_generation_matches_our_learner(kind, tmp_path):
     from minite_core.engines.sampler import Rollout
     from minite_core.peers.vllm_compare import DENSE, FP32, MOE, vllm_cpu_emulation
     from minite_core.model import CausalLM, load_pretrained, save_pretrained
-    from minite_core.model import calibrate
+    from minite_core.model.calibrate import calibrate
     from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
     tok = build_tokenizer()

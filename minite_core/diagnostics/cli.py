@@ -34,7 +34,7 @@ from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
 from minite_core.runs.cli import add_common_args, parse_with_config
 from minite_core.seeds import tagged
-from minite_core.task.arithmetic import read_jsonl
+from minite_core.task.jsonl import read_jsonl
 from minite_core.task.data import calibration_examples
 from minite_core.task.tokenizer import BOS_ID, EOS_ID
 
@@ -122,6 +122,9 @@ def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts,
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
         with_argmax=True)
     s = rollout.padded(device=lp_l.device)
+    if not bool(torch.isfinite(lp_l[mask]).all() & torch.isfinite(s["logprobs"][mask]).all()):  # one sync per pair
+        raise ValueError(f"diagnose {learner.name}:{sampler.name}: non-finite log-probs (learner or sampler logits "
+                         "hold inf/NaN): the checkpoint's weights or the profile's scales overflow")
     kw = dict(argmax_learner=amax_l, argmax_sampler=s["argmax_ids"])
     metrics = mismatch_metrics(lp_l, s["logprobs"], mask, **kw)
     lengths = [len(r) for r in rollout.response_ids]
@@ -204,8 +207,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_args(p: argparse.ArgumentParser, args) -> None:
+    for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--num-calib", args.num_calib, 1), ("--batch-size", args.batch_size or 1, 1)):
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error(f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {args.top_p}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_with_config(build_parser(), argv)
+    p = build_parser()
+    args = parse_with_config(p, argv)
+    _check_args(p, args)
     pairs = parse_pairs(args.pairs or f"{args.learner}:{args.sampler}")
     base = parse_pairs(args.attribution_base)[0]
     ckpt = Path(args.checkpoint)

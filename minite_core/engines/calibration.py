@@ -9,7 +9,7 @@ all call this, so one checkpoint and one set of examples give one set of static 
 """
 from __future__ import annotations
 
-from minite_core.model import calibrate
+from minite_core.model.calibrate import calibrate
 from minite_core.model.calibrate import calibration_batches
 from minite_core.task.data import calibration_examples
 from minite_core.task.tokenizer import PAD_ID, calibration_sequences

@@ -100,6 +100,8 @@ class Sampler:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None) -> Rollout:
+        if not prompts:
+            raise ValueError("no prompts given (an empty batch)")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0 or not 0.0 < top_p <= 1.0:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from minite_core.results import write_result
 from minite_core.runs.cli import add_common_args, parse_with_config
 
 HELDOUT, TOKENIZER = "heldout.jsonl", "tokenizer"  # minite_core.task.data's layout
+KNOWN_TASKS = ("heldout_gen", "heldout_mc", "heldout_ppl")  # eval.tasks.TASKS (named here: it imports lm-eval)
 
 
 def _run_name(checkpoint: Path) -> str:
@@ -123,8 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(p, config_help="the experiment's `eval:` section as JSON minus runs/profiles (keys = the flags)")
     args = parse_with_config(p, argv)
 
-    spec = json.loads(args.spec_json)
+    for flag, value in (("--limit", args.limit or 1), ("--batch-size", args.batch_size), ("--calib-n", args.calib_n)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    try:
+        spec = json.loads(args.spec_json)
+    except json.JSONDecodeError as e:
+        p.error(f"--spec-json is not JSON: {e}")
     tasks = tuple(t for t in (args.tasks or "").split(",") if t) or None
+    unknown = sorted(set(tasks or ()) - set(KNOWN_TASKS))
+    if unknown:
+        p.error(f"--tasks: unknown task(s) {unknown}; known: {', '.join(KNOWN_TASKS)}")
     out = run_eval(checkpoint=args.checkpoint, profile=args.profile, data_dir=args.data_dir, tasks=tasks,
                    limit=args.limit, calib=args.calib, dtype=args.dtype, batch_size=args.batch_size,
                    device=args.device, spec=spec, tasks_dir=args.tasks_dir, calib_n=args.calib_n,

@@ -35,7 +35,6 @@ reproducible but a different `batch_size` may move scores slightly under such pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import lm_eval.models  # noqa: F401  populate lm-eval's registry first (it imports built-ins only when empty)
 import torch
@@ -51,7 +50,7 @@ from minite_core.engines.sampler import Sampler
 from minite_core.model import load_pretrained, set_profile
 from minite_core.nn import is_calibrated
 from minite_core.profiles import Profile, get_profile
-from minite_core.task.arithmetic import read_jsonl
+from minite_core.task.jsonl import read_jsonl
 from minite_core.task.tokenizer import load_tokenizer
 
 DTYPES = ("auto", "float32", "bfloat16")

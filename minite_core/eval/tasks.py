@@ -29,7 +29,8 @@ from pathlib import Path
 import yaml
 
 from minite_core.seeds import choice_seed
-from minite_core.task.arithmetic import LEVELS, choices, extract_answer, read_jsonl, write_jsonl
+from minite_core.task.arithmetic import LEVELS, choices, extract_answer
+from minite_core.task.jsonl import read_jsonl, write_jsonl
 
 TASKS = ("heldout_gen", "heldout_mc", "heldout_ppl")
 MC_CONTEXTS = ("scratchpad", "prompt")

@@ -39,16 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from minite_core.formats.nvfp4 import GLOBAL_ENC_NUMERATOR, NVFP4Tensor, dequantize, global_encode_scale, quantize
 from minite_core.model.config import ModelConfig
-from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, read_safetensors
+from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, check_finite, read_config, read_safetensors
 from minite_core.model.qwen3_moe import CausalLM
 from minite_core.kernels import dispatch
 from minite_core.nn import GroupedLinear, QuantLinear, gemm_modules
 from minite_core.nn.linear import fused_weight_amax, gemm_nt
 from minite_core.profiles import Profile, get_profile
+from minite_core.results import atomic_write_bytes
 
 FORMAT = "nvfp4-pack-quantized"
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
@@ -263,8 +264,8 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
     path.mkdir(parents=True, exist_ok=True)
     hf = model.config.to_hf(dtype=str(dtype).removeprefix("torch."))
     hf["quantization_config"] = quantization_config(ignore)
-    (path / CONFIG_NAME).write_text(json.dumps(hf, indent=2) + "\n")
-    save_file(tensors, path / WEIGHTS_NAME, metadata={"format": "pt"})
+    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    atomic_write_bytes(path / CONFIG_NAME, (json.dumps(hf, indent=2) + "\n").encode())
     return path
 
 
@@ -303,12 +304,13 @@ def load_nvfp4(path: str | Path, dtype: torch.dtype = torch.float32
                ) -> tuple[CausalLM, dict[str, CheckpointWeight | list[CheckpointWeight]]]:
     """(model with dequantized weights in `dtype` + input_amax, NVFP4 weights by our module name)."""
     path = Path(path)
-    hf = json.loads((path / CONFIG_NAME).read_text())
+    hf = read_config(path)
     qc = hf.get("quantization_config") or {}
     if qc.get("format") != FORMAT:
         raise ValueError(f"{path}: quantization_config.format={qc.get('format')!r}, expected {FORMAT!r}")
     config = ModelConfig.from_hf(hf)
     raw = read_safetensors(path)
+    check_finite(raw, path)
     q = read_nvfp4_tensors(raw)
     plain = {k: v for k, v in raw.items() if not any(k.endswith("." + s) for s in _SUFFIXES)}
     weights: dict[str, CheckpointWeight | list[CheckpointWeight]] = {}

@@ -18,7 +18,7 @@ from minite_core.model.nvfp4_io import export_nvfp4
 from minite_core.nn import is_calibrated
 from minite_core.profiles import get_profile
 from minite_core.runs.cli import add_common_args, apply_common_args
-from minite_core.task.arithmetic import read_jsonl
+from minite_core.task.jsonl import read_jsonl
 from minite_core.task.tokenizer import load_tokenizer
 
 

@@ -26,7 +26,12 @@ HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 
 
 def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a valid results file ({e}); rerun the stage that writes it") from None
 
 
 def _fmt(v, digits=3) -> str:

@@ -27,11 +27,9 @@ response length per level is bounded by construction (``make_example`` checks th
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from minite_core.seeds import task_stream_seed
 
@@ -207,19 +205,6 @@ def make_splits(cfg: TaskConfig) -> tuple[list[dict], list[dict]]:
         heldout += held
         train += tr
     return train, heldout
-
-
-def write_jsonl(rows: list[dict], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="\n") as f:
-        for row in rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # ----------------------------------------------------------------------------------------------- reward

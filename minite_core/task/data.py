@@ -22,7 +22,8 @@ import torch
 
 from minite_core.results import config_from_json, config_to_dict, write_result
 from minite_core.seeds import tagged
-from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits, read_jsonl, write_jsonl
+from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits
+from minite_core.task.jsonl import EXAMPLE_FIELDS, read_jsonl, write_jsonl
 from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
 TRAIN, HELDOUT, TOKENIZER = "train.jsonl", "heldout.jsonl", "tokenizer"
@@ -37,6 +38,15 @@ class DataConfig:
     # are harmless for SFT here (the smoke model underfits), and 2048 writes in well under a second
     n_train_per_level: int = 2048
     n_heldout_per_level: int = 128  # binomial std err of accuracy <= 4.4 points per level
+
+    def __post_init__(self):
+        if not self.levels:
+            raise ValueError("DataConfig.levels is empty: name at least one task level")
+        for name in self.levels:
+            level_index(name)  # unknown level -> ValueError naming it
+        if self.n_train_per_level < 1 or self.n_heldout_per_level < 1:
+            raise ValueError(f"DataConfig needs n_train_per_level, n_heldout_per_level >= 1, got "
+                             f"{self.n_train_per_level}, {self.n_heldout_per_level}")
 
     def task_config(self, seed: int) -> TaskConfig:
         return TaskConfig(levels=tuple(level_index(lv) for lv in self.levels), seed=seed,
@@ -66,7 +76,7 @@ def load_split(data_dir: str | Path, split: str) -> list[dict]:
     name = {"train": TRAIN, "heldout": HELDOUT}.get(split)
     if name is None:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    return read_jsonl(Path(data_dir) / name)
+    return read_jsonl(Path(data_dir) / name, fields=EXAMPLE_FIELDS)
 
 
 def calibration_examples(rows: list[dict], n: int, seed: int) -> list[dict]:

@@ -69,7 +69,11 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
 
 
 def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
-    """``AutoTokenizer.from_pretrained(directory)`` offline (``local_files_only``)."""
+    """``AutoTokenizer.from_pretrained(directory)`` offline (``local_files_only``); a directory without
+    tokenizer.json is an error naming it."""
+    if not (Path(directory) / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{directory} has no tokenizer.json (save_tokenizer writes it; `minite data` puts "
+                                "one under <data>/tokenizer, pretrain and rl copy it beside their checkpoints)")
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
 
 
