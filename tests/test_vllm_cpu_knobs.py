@@ -15,7 +15,7 @@ from minite_core.formats.nvfp4 import global_encode_scale, quantize
 from minite_core.kernels import vllm_cpu
 from minite_core.model import PRESETS, CausalLM
 from minite_core.model.qwen3_moe import RMSNorm, apply_rope, cast, rope_cos_sin
-from minite_core.nn import calibrate
+from minite_core.model.calibrate import calibrate
 from minite_core.profiles import PROFILES, get_profile
 
 
@@ -99,7 +99,7 @@ def test_sampler_score_reproduces_generate(profile, one_thread):
 def test_vllm_peer_dag_rule_skips_with_the_reason(python, tmp_path):
     if python == sys.executable and importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is importable here: the rule would run the whole comparison")
-    from minite_core.engines.vllm_compare import main
+    from minite_core.peers.vllm_compare import main
 
     status = tmp_path / "status.json"
     assert main(["dag", "--python", python, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from minite_core.engines import te_learner, vllm_sampler
+from minite_core.peers import te_learner, vllm_sampler
 
 VLLM_OK, VLLM_REASON = vllm_sampler.available()
 needs_vllm = pytest.mark.skipif(not VLLM_OK, reason=VLLM_REASON)
@@ -41,7 +41,7 @@ def test_vllm_unavailable_fails_loudly():
 
 
 def _sample(ckpt, out, prompts_file):
-    cmd = [sys.executable, "-m", "minite_core.engines.vllm_compare", "sample", "--checkpoint", str(ckpt),
+    cmd = [sys.executable, "-m", "minite_core.peers.vllm_compare", "sample", "--checkpoint", str(ckpt),
            "--prompts", str(prompts_file), "--out", str(out), "--max-new-tokens", "6", "--seed", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -52,13 +52,13 @@ def _sample(ckpt, out, prompts_file):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bf16-moe", "nvfp4-dense"])
 def test_vllm_generation_matches_our_learner(kind, tmp_path):
-    from minite_core.engines.export import export_nvfp4
+    from minite_core.model.nvfp4_io import export_nvfp4
     from minite_core.engines.learner import Learner
     from minite_core.engines.sampler import Rollout
-    from minite_core.engines.vllm_compare import DENSE, FP32, MOE
+    from minite_core.peers.vllm_compare import DENSE, FP32, MOE
     from minite_core.model import CausalLM, load_pretrained, save_pretrained
-    from minite_core.nn import calibrate
-    from minite_core.rl.tokenizer import build_tokenizer, save_tokenizer
+    from minite_core.model.calibrate import calibrate
+    from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
     tok = build_tokenizer()
     prompts = [tok("12+34=\n")["input_ids"], tok("7*8=\n")["input_ids"]]
@@ -87,7 +87,7 @@ def test_vllm_generation_matches_our_learner(kind, tmp_path):
     # NVFP4: the GEMM arithmetic, vLLM's own emulation functions vs ours on every Linear of the checkpoint
     # (end-to-end log-probs: test_vllm_nvfp4_cpu_profile_reproduces_real_vllm_logprobs)
     out = tmp_path / "kc.json"
-    proc = subprocess.run([sys.executable, "-m", "minite_core.engines.vllm_compare", "kernel-check",
+    proc = subprocess.run([sys.executable, "-m", "minite_core.peers.vllm_compare", "kernel-check",
                            "--checkpoint", str(ckpt), "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(out.read_text())["summary"]
@@ -166,14 +166,14 @@ def test_vllm_nvfp4_cpu_profile_reproduces_real_vllm_logprobs(tmp_path):
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip(f"vllm-nvfp4-cpu encodes vLLM's x86 AVX2 / AVX-512F kernels, this CPU is "
                     f"{torch.backends.cpu.get_cpu_capability()}")
-    from minite_core.engines.export import export_nvfp4
+    from minite_core.model.nvfp4_io import export_nvfp4
     from minite_core.engines.sampler import Rollout, Sampler
     from minite_core.engines.learner import Learner
-    from minite_core.engines.vllm_compare import DENSE
-    from minite_core.engines.vllm_trace import trace_against
+    from minite_core.peers.vllm_compare import DENSE
+    from minite_core.peers.vllm_trace import trace_against
     from minite_core.model import CausalLM
-    from minite_core.nn import calibrate
-    from minite_core.rl.tokenizer import build_tokenizer, save_tokenizer
+    from minite_core.model.calibrate import calibrate
+    from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
     tok = build_tokenizer()
     prompts = [tok("12+34=\n")["input_ids"], tok("7*8=\n")["input_ids"], tok("5-3=\n")["input_ids"]]
@@ -183,7 +183,7 @@ def test_vllm_nvfp4_cpu_profile_reproduces_real_vllm_logprobs(tmp_path):
     export_nvfp4(dense, tmp_path / "ckpt")
     save_tokenizer(tok, tmp_path / "ckpt")
     cap_file = tmp_path / "cap.pt"
-    proc = subprocess.run([sys.executable, "-m", "minite_core.engines.vllm_trace", "capture", "--checkpoint",
+    proc = subprocess.run([sys.executable, "-m", "minite_core.peers.vllm_trace", "capture", "--checkpoint",
                            str(tmp_path / "ckpt"), "--prompts", str(tmp_path / "p.json"), "--out", str(cap_file),
                            "--max-new-tokens", "12", "--seed", "3"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

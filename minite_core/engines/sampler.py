@@ -30,30 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minite_core.engines.batching import pack_left
 from minite_core.model import KVCache, set_profile
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import EOS_ID, PAD_ID
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def derive_seed(*keys: int) -> int:
-    """A 48-bit seed from integer keys (run seed, step, index, ...) by splitmix64 chaining: pure, platform-free,
-    and well mixed, so neighbouring keys give unrelated streams (unlike seed + index). 48 bits leave headroom
-    for consumers' arithmetic (nn.linear seeds its backward with 2*seed+1, experts add e * 1_000_003) inside
-    torch.Generator's 64-bit range."""
-    h = 0
-    for key in keys:
-        h = _splitmix64(h ^ (int(key) & _MASK64))
-    return h & ((1 << 48) - 1)
-
+from minite_core.seeds import derive_seed
+from minite_core.task.tokenizer import EOS_ID, PAD_ID
 
 @dataclass
 class Rollout:
@@ -119,6 +100,8 @@ class Sampler:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None) -> Rollout:
+        if not prompts:
+            raise ValueError("no prompts given (an empty batch)")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0 or not 0.0 < top_p <= 1.0:
@@ -142,12 +125,8 @@ class Sampler:
     @torch.inference_mode()
     def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed):
         dev, B = self.device, len(prompts)
-        P = max(map(len, prompts))
-        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
-        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
-            attn[b, P - len(p):] = 1
+        ids, attn = pack_left(prompts, device=dev)  # (B, P) left-padded
+        P = ids.shape[1]
         cache = KVCache.for_model(self.model, B, P + max_new_tokens, device=dev)
         logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
         gens = [torch.Generator(device=dev).manual_seed(derive_seed(seed, i)) for i in indices]

@@ -51,8 +51,10 @@ def backend_available(name: str) -> tuple[bool, str]:
 
 
 def set_backend(name: str | None) -> None:
-    """The run's kernel backend (None = automatic). Checked now, so a bad choice fails before any work."""
+    """The run's kernel backend (run option `--kernels` / config key `kernels`; None or "auto" = automatic).
+    Checked now, so a bad choice fails before any work."""
     global _RUN_BACKEND
+    name = None if name == "auto" else name
     if name is not None:
         ok, reason = backend_available(name)
         if not ok:

@@ -2,7 +2,7 @@
 
 What: y = x̂ ŵᵀ exactly as vLLM 0.32's `EmulationNvFp4LinearKernel` (`run_nvfp4_emulations`) computes it on
 CPU, from our quantized operands. The codes and block scales are the same as our `fast` static quantizer's (the
-kernel check in `engines.vllm_compare` proves it bit for bit); the arithmetic after them differs from an NVFP4
+kernel check in `peers.vllm_compare` proves it bit for bit); the arithmetic after them differs from an NVFP4
 tensor core (our reference GEMM: fp32 operands, fp32 accumulation, global scales in the epilogue) in three
 roundings:
 

@@ -32,13 +32,7 @@ from minite_core.kernels.operands import DqOperand
 from minite_core.nn.linear import linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
 from minite_core.profiles import PROFILES, Profile, Quant
-
-_EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide for < 1e6 experts
-
-
-def expert_seed(seed: int, e: int) -> int:
-    """Stochastic-rounding seed of expert e in a grouped GEMM whose module seed is `seed`."""
-    return seed + e * _EXPERT_SEED_STRIDE
+from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
@@ -189,15 +183,15 @@ class _GroupedNVFP4(torch.autograd.Function):
         if profile.grad is None:
             raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
         experts = torch.arange(layout.num_experts, dtype=torch.int64, device=dy.device)
-        seeds = ctx.seed + experts * _EXPERT_SEED_STRIDE  # expert_seed(seed, e) for every e, on the device
+        seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
         dy = dy.contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=2 * seeds)
+            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
             dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
         if ctx.needs_input_grad[1]:
-            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht, seeds=2 * seeds + 1,
+            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht, seeds=wgrad_seed(seeds),
                                                 emit_dq=True)
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))

@@ -16,7 +16,7 @@ Operands that a profile leaves unquantized (`None`) run in `profile.dtype` as a 
 to that dtype once per weight version (cached, like the quantized weights; the cast copy is what the backward
 uses for dgrad), so the bf16 profile *is* plain torch. Router and LM-head GEMMs are never quantized; they run
 in the profile's router / LM-head dtype. Stochastic rounding draws the counter-based Philox stream of
-`module.seed` (set per step by the learner): dgrad operands from `2 * seed`, wgrad operands from `2 * seed + 1`.
+`module.seed` (set per step by the learner): dgrad and wgrad operands from `seeds.dgrad_seed` / `seeds.wgrad_seed`.
 
 GEMMs go through `minite_core.kernels.dispatch` when a GPU backend is selected; the plain torch reference here
 (dequantize → fp32 matmul) is what CPU runs and what the kernels are tested against.
@@ -32,6 +32,7 @@ from torch import nn
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch, vllm_cpu
 from minite_core.profiles import PROFILES, Profile, Quant
+from minite_core.seeds import dgrad_seed, wgrad_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -184,11 +185,11 @@ class _NVFP4Linear(torch.autograd.Function):
         dy = dy.float()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dy_q = _q(dy, profile.grad, seed=2 * seed, dq=True)  # (M, N) along N
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=True)  # (M, N) along N
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q, ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            dy_t, dy_t_bf16 = dispatch.quantize_cols(_pad_tokens(dy), profile.grad, seed=2 * seed + 1,
+            dy_t, dy_t_bf16 = dispatch.quantize_cols(_pad_tokens(dy), profile.grad, seed=wgrad_seed(seed),
                                                      rht=profile.wgrad_rht, emit_dq=True)  # dyᵀ (N, M')
             dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts)
@@ -211,7 +212,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
         return _plain_linear(x, weight, dtype, cache)
     if profile.activation is not None and profile.activation.static and input_amax is None:
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
-                           "minite_core.nn.calibrate(model, batches) first")
+                           "minite_core.model.calibrate(model, batches) first")
     lead = x.shape[:-1]
     y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused)
     return y.reshape(*lead, weight.shape[0])

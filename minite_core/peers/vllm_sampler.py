@@ -3,8 +3,8 @@
 What: `VLLMSampler(checkpoint_dir).generate(prompts, max_new_tokens=..., temperature=..., top_p=..., stop_ids=...,
 seed=...)` returns the same `Rollout` as `engines.sampler.Sampler`: response token ids, the log-prob vLLM gave each
 sampled token, the finished flags, and vLLM's own argmax token at each step. The checkpoint is a directory in the
-transformers layout (`model.save_pretrained`) or an NVFP4 compressed-tensors one (`engines.export.export_nvfp4`),
-with the tokenizer saved beside it (`rl.tokenizer.save_tokenizer`).
+transformers layout (`model.save_pretrained`) or an NVFP4 compressed-tensors one (`model.nvfp4_io.export_nvfp4`),
+with the tokenizer saved beside it (`task.tokenizer.save_tokenizer`).
 
 Log-probs: the LLM is built with `logprobs_mode="processed_logprobs"`, i.e. log-softmax of the logits after
 temperature and top-k/top-p — the distribution tokens are drawn from, the same quantity our sampler reports.
@@ -33,8 +33,9 @@ import json
 import os
 from pathlib import Path
 
-from minite_core.engines.sampler import Rollout, derive_seed
-from minite_core.rl.tokenizer import EOS_ID
+from minite_core.engines.sampler import Rollout
+from minite_core.seeds import derive_seed
+from minite_core.task.tokenizer import EOS_ID
 
 _REGISTERED = False
 

@@ -1,7 +1,7 @@
 """Real peer measurement: our engines against the real vLLM sampler (BF16 and NVFP4), on CPU.
 
-What: `python -m minite_core.engines.vllm_compare run --out results/vllm-cpu` (in the vLLM peer venv) builds small
-random checkpoints, samples rollouts from them with real vLLM (`engines.vllm_trace capture`: vLLM's generation with
+What: `python -m minite_core.peers.vllm_compare run --out results/vllm-cpu` (in the vLLM peer venv) builds small
+random checkpoints, samples rollouts from them with real vLLM (`peers.vllm_trace capture`: vLLM's generation with
 every op recorded), scores the same tokens with our engines under several profiles, and writes one results-contract
 JSON per (engine, profile, sampler) pair (stage `vllm_peer`), the first-divergence traces, the ratios the issue
 asks for (`ratios.json`) and `summary.md`. Our two engines score vLLM's tokens: the learner (one full-sequence
@@ -9,8 +9,8 @@ forward) and our sampler (`Sampler.score`: teacher-forced, generate's own prefil
 
   bf16-dense / bf16-moe   our bf16 (the floor) and vllm-bf16-cpu (vLLM's CPU kernels around bf16 GEMMs) vs vLLM
                           bf16; fp32 vs vLLM fp32 is the plumbing anchor (MoE).
-  nvfp4-dense             the dense checkpoint exported by `engines.export` after `nn.calibrate` (vLLM has no CPU
-                          NVFP4 MoE), run by vLLM's emulation kernel (`engines.vllm_sampler`). A knob ladder from
+  nvfp4-dense             the dense checkpoint exported by `model.nvfp4_io` after `model.calibrate` (vLLM has no CPU
+                          NVFP4 MoE), run by vLLM's emulation kernel (`peers.vllm_sampler`). A knob ladder from
                           the GPU profile `vllm-nvfp4` to `vllm-nvfp4-cpu`, one knob a rung (w4a4_gemm, rope_dtype,
                           attention_dtype, kernel_rounding, fused_add_norm), each found by the trace; plus the
                           te-nvfp4 / minite / bf16 learners against the same vLLM NVFP4 rollouts.
@@ -35,25 +35,26 @@ from pathlib import Path
 
 import torch
 
-from minite_core.diagnostics.metrics import mismatch_metrics
-from minite_core.engines.export import (
+from minite_core.engines.mismatch import mismatch_metrics
+from minite_core.model.nvfp4_io import (
     CheckpointWeight,
     amax_for_encode_scale,
     export_nvfp4,
     load_nvfp4,
     quantize_checkpoint_weights,
 )
+from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.engines.learner import Learner
 from minite_core.engines.sampler import Rollout, Sampler
 from minite_core.formats.e2m1 import e2m1_decode, unpack_fp4
 from minite_core.formats.nvfp4 import BLOCK, dequantize, global_encode_scale, quantize
 from minite_core.kernels import vllm_cpu
 from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained
-from minite_core.nn import calibrate
 from minite_core.profiles import get_profile
 from minite_core.results import write_json, write_result
-from minite_core.rl.task import make_example
-from minite_core.rl.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
+from minite_core.seeds import example_seed
+from minite_core.task.arithmetic import make_example
+from minite_core.task.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
 
 STAGE, EXPERIMENT = "vllm_peer", "vllm-cpu"
 FP32 = get_profile("bf16").replace(name="fp32", dtype="float32", router_dtype="float32", lm_head_dtype="float32")
@@ -73,18 +74,18 @@ def vllm_cpu_gemm(x: torch.Tensor, w: CheckpointWeight, input_encode_scale: torc
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
-def _task_prompts(n: int, seed: int, tok) -> tuple[list[list[int]], list[str]]:
-    rows = [make_example(seed * 100_003 + i, i % 3) for i in range(n)]
-    return [tok(r["prompt"])["input_ids"] for r in rows], [r["prompt"] + r["response"] for r in rows]
+def _task_examples(n: int, seed: int) -> list[dict]:
+    return [make_example(example_seed(seed, i), i % 3) for i in range(n)]
 
 
-def _calibration_batches(tok, seed: int, n: int = 32, batch: int = 8) -> list[dict]:
-    _, texts = _task_prompts(n, seed + 7919, tok)
-    out = []
-    for i in range(0, n, batch):
-        enc = tok(texts[i:i + batch], return_tensors="pt", padding=True)
-        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    return out
+def _task_prompts(n: int, seed: int, tok) -> list[list[int]]:
+    return [tok(r["prompt"])["input_ids"] for r in _task_examples(n, seed)]
+
+
+def calibrate_dense(model, tok, rows: list[dict], seed: int) -> dict:
+    """Static scales of the NVFP4 checkpoint: the task examples `rows` through the calibration path every stage
+    shares (engines.calibration)."""
+    return calibrate_on_examples(model, tok, rows, n=len(rows), seed=seed)
 
 
 def _rollout_json(r: Rollout) -> dict:
@@ -98,7 +99,7 @@ def _rollout(d: dict) -> Rollout:
 
 # ---- one vLLM engine per process ------------------------------------------------------------------------------
 def sample_main(args) -> int:
-    from minite_core.engines.vllm_sampler import VLLMSampler, available
+    from minite_core.peers.vllm_sampler import VLLMSampler, available
 
     ok, version = available()
     if not ok:
@@ -199,7 +200,7 @@ LADDER = (("vllm-nvfp4", {}), ("+w4a4_gemm", {"w4a4_gemm": "vllm-cpu"}), ("+rope
 
 def _vllm_capture(checkpoint: Path, dtype: str, prompts_file: Path, out: Path, a) -> tuple[dict, Path]:
     """One vLLM engine in a subprocess (`vllm_trace capture`): (rollout dict, capture file)."""
-    cmd = [sys.executable, "-m", "minite_core.engines.vllm_trace", "capture", "--checkpoint", str(checkpoint),
+    cmd = [sys.executable, "-m", "minite_core.peers.vllm_trace", "capture", "--checkpoint", str(checkpoint),
            "--dtype", dtype, "--prompts", str(prompts_file), "--out", str(out), "--seed", str(a.seed),
            "--max-new-tokens", str(a.max_new_tokens), "--temperature", str(a.temperature), "--top-p", str(a.top_p)]
     log = out.with_suffix(".log")
@@ -212,7 +213,7 @@ def _vllm_capture(checkpoint: Path, dtype: str, prompts_file: Path, out: Path, a
 
 def _traces(out: Path, section: str, capture_file: Path, model, profiles, results_cfg: dict) -> dict:
     """First-divergence trace + isolated op checks against vLLM, per profile -> {profile: short summary}."""
-    from minite_core.engines.vllm_trace import isolate, trace_against
+    from minite_core.peers.vllm_trace import isolate, trace_against
 
     cap = torch.load(capture_file)
     short = {}
@@ -236,12 +237,12 @@ def run_main(a) -> int:
     work = Path(a.work or out / "work")
     work.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    prompts, _ = _task_prompts(a.prompts, a.seed, tok)
+    prompts = _task_prompts(a.prompts, a.seed, tok)
     prompts_file = work / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
     common = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens, "temperature": a.temperature,
               "top_p": a.top_p, "seed": a.seed, "init_std": a.std, "logprobs": "processed_logprobs",
-              "command": "python -m minite_core.engines.vllm_compare run " + " ".join(a.argv)}
+              "command": "python -m minite_core.peers.vllm_compare run " + " ".join(a.argv)}
     results: list[tuple[str, str, str, str, dict]] = []  # (section, engine, profile, sampler, metrics)
 
     def record(section, engine, profile_name, sampler_name, metrics, **cfg):
@@ -290,7 +291,7 @@ def run_main(a) -> int:
         ours[k].nvfp4.scale.view(torch.uint8), w.nvfp4.scale.view(torch.uint8)) for k, w in ckpt_weights.items())
     rn, cap_nv = _vllm_capture(nv_dir, "bfloat16", prompts_file, work / "nvfp4-dense_vllm_nvfp4.pt", a)
     rn = _rollout(rn)
-    cfg_nv = {"checkpoint": "the bf16-dense checkpoint, NVFP4 W4A4 compressed-tensors (engines.export)",
+    cfg_nv = {"checkpoint": "the bf16-dense checkpoint, NVFP4 W4A4 compressed-tensors (model.nvfp4_io)",
               "model": DENSE.to_hf(), "calibration": "32 task texts, nn.calibrate (bf16)",
               "nn_weight_codes_equal_checkpoint": codes_equal, "mean_entropy_nats": _entropy(dense, rn)}
     prof = get_profile("vllm-nvfp4")
@@ -321,7 +322,7 @@ def run_main(a) -> int:
 
     # kernel check (vLLM's functions, in a subprocess: importing vLLM here would change torch's threading)
     kc = work / "kernel_check.json"
-    rc = subprocess.run([sys.executable, "-m", "minite_core.engines.vllm_compare", "kernel-check",
+    rc = subprocess.run([sys.executable, "-m", "minite_core.peers.vllm_compare", "kernel-check",
                          "--checkpoint", str(nv_dir), "--out", str(kc), "--seed", str(a.seed)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if rc.returncode != 0:
@@ -342,7 +343,7 @@ def _ratio(x: float, floor: float) -> float:
 
 
 def _vllm_version() -> str:
-    from minite_core.engines.vllm_sampler import available
+    from minite_core.peers.vllm_sampler import available
 
     return available()[1]
 
@@ -394,7 +395,7 @@ def dag_main(a) -> int:
     if importable:
         root = str(Path(__file__).resolve().parents[2])  # this checkout, whatever the peer venv's editable install
         env = {**os.environ, "PYTHONPATH": root}
-        cmd = [a.python, "-m", "minite_core.engines.vllm_compare", "run", "--out", a.out, "--work", a.work]
+        cmd = [a.python, "-m", "minite_core.peers.vllm_compare", "run", "--out", a.out, "--work", a.work]
         rc = subprocess.run(cmd, env=env).returncode
         if rc != 0:
             raise RuntimeError(f"vLLM peer comparison failed (rc={rc}): {' '.join(cmd)}")
@@ -406,7 +407,7 @@ def dag_main(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minite_core.engines.vllm_compare")
+    ap = argparse.ArgumentParser(prog="python -m minite_core.peers.vllm_compare")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="the whole measurement (results JSON + summary.md)")
     r.add_argument("--out", default="results/vllm-cpu")

@@ -1,7 +1,7 @@
 """`minite data`: the RL stage's inputs — train / held-out JSONL of the arithmetic task and the tokenizer directory.
 
 What it writes under ``--out``:
-    train.jsonl     one example a line: {"prompt", "response", "answer", "level"} (rl/task.py's format)
+    train.jsonl     one example a line: {"prompt", "response", "answer", "level"} (task/arithmetic.py's format)
     heldout.jsonl   same, prompts disjoint from train (never used for training or calibration)
     tokenizer/      the character-level tokenizer (transformers ``save_pretrained`` layout)
     data.json       results contract (stage "data"): counts, prompt/response length stats per level
@@ -18,10 +18,13 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from minite_core.results import write_result
-from minite_core.rl.checkpoint import config_from_json, config_to_dict
-from minite_core.rl.task import LEVELS, TaskConfig, level_index, make_splits, read_jsonl, write_jsonl
-from minite_core.rl.tokenizer import build_tokenizer, save_tokenizer
+import torch
+
+from minite_core.results import config_from_json, config_to_dict, write_result
+from minite_core.seeds import tagged
+from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits
+from minite_core.task.jsonl import EXAMPLE_FIELDS, read_jsonl, write_jsonl
+from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
 TRAIN, HELDOUT, TOKENIZER = "train.jsonl", "heldout.jsonl", "tokenizer"
 
@@ -35,6 +38,15 @@ class DataConfig:
     # are harmless for SFT here (the smoke model underfits), and 2048 writes in well under a second
     n_train_per_level: int = 2048
     n_heldout_per_level: int = 128  # binomial std err of accuracy <= 4.4 points per level
+
+    def __post_init__(self):
+        if not self.levels:
+            raise ValueError("DataConfig.levels is empty: name at least one task level")
+        for name in self.levels:
+            level_index(name)  # unknown level -> ValueError naming it
+        if self.n_train_per_level < 1 or self.n_heldout_per_level < 1:
+            raise ValueError(f"DataConfig needs n_train_per_level, n_heldout_per_level >= 1, got "
+                             f"{self.n_train_per_level}, {self.n_heldout_per_level}")
 
     def task_config(self, seed: int) -> TaskConfig:
         return TaskConfig(levels=tuple(level_index(lv) for lv in self.levels), seed=seed,
@@ -64,7 +76,18 @@ def load_split(data_dir: str | Path, split: str) -> list[dict]:
     name = {"train": TRAIN, "heldout": HELDOUT}.get(split)
     if name is None:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    return read_jsonl(Path(data_dir) / name)
+    return read_jsonl(Path(data_dir) / name, fields=EXAMPLE_FIELDS)
+
+
+def calibration_examples(rows: list[dict], n: int, seed: int) -> list[dict]:
+    """The `n` examples (of a split's rows) that calibrate static activation scales, chosen by the run seed: the
+    same choice in every stage (RL, eval, diagnostics, export), so one checkpoint gets one set of scales."""
+    if n < 1:
+        raise ValueError(f"calibration needs n >= 1 examples, got {n}")
+    if not rows:
+        raise ValueError("no calibration examples: the calibration file is empty")
+    g = torch.Generator().manual_seed(tagged(seed, "init"))
+    return [rows[i] for i in torch.randperm(len(rows), generator=g)[:n].tolist()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """NVFP4 checkpoint export / import in the compressed-tensors `nvfp4-pack-quantized` layout (what vLLM loads).
 
-What: our CausalLM (+ the static activation amax that `minite_core.nn.calibrate` records) -> a transformers-style
+What: our CausalLM (+ the static activation amax that `minite_core.model.calibrate` records) -> a transformers-style
 checkpoint directory whose decoder Linears are W4A4 NVFP4, and back. Every quantized Linear `P` becomes
 
     P.weight_packed        uint8          [out, in/2]   two E2M1 codes a byte, even column in the low nibble
@@ -33,25 +33,25 @@ checkpoint's codes uses them (`pinned_weights`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from minite_core.formats.nvfp4 import GLOBAL_ENC_NUMERATOR, NVFP4Tensor, dequantize, global_encode_scale, quantize
 from minite_core.model.config import ModelConfig
-from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, read_safetensors
+from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, check_finite, read_config, read_safetensors
 from minite_core.model.qwen3_moe import CausalLM
-from minite_core.nn import GroupedLinear, QuantLinear, calibrate
+from minite_core.kernels import dispatch
+from minite_core.nn import GroupedLinear, QuantLinear, gemm_modules
+from minite_core.nn.linear import fused_weight_amax, gemm_nt
 from minite_core.profiles import Profile, get_profile
+from minite_core.results import atomic_write_bytes
 
 FORMAT = "nvfp4-pack-quantized"
-# Members of one fused vLLM layer (one weight global scale): q/k/v -> qkv_proj, gate/up -> gate_up_proj.
-FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
 _NVFP4_ARGS = {  # compressed-tensors QuantizationArgs of llm-compressor's NVFP4 preset scheme
     "num_bits": 4, "type": "float", "symmetric": True, "group_size": 16, "strategy": "tensor_group",
@@ -94,23 +94,20 @@ class CheckpointWeight:
 # ---- which modules, which scale groups ---------------------------------------------------------------------------
 def _quantized_linears(model: CausalLM) -> dict[str, QuantLinear | GroupedLinear]:
     """Decoder GEMMs that a W4A4 checkpoint quantizes (role "linear" and the expert GEMMs), by our module name."""
-    return {name: m for name, m in model.model.layers.named_modules(prefix="model.layers")
-            if isinstance(m, GroupedLinear) or (isinstance(m, QuantLinear) and m.role == "linear")}
+    return dict(gemm_modules(model, linear_only=True))
 
 
 def fusion_groups(model: CausalLM) -> list[list[str]]:
-    """Module names that share one weight global scale: [q, k, v] and [gate, up] of each layer; every other
-    QuantLinear is a group of one. GroupedLinear weights are per-expert groups by construction (see module doc)."""
+    """Module names that share one weight global scale: the model's own fused groups (`QuantLinear.fused_group`:
+    [q, k, v] and [gate, up] of each layer); every other QuantLinear is a group of one. GroupedLinear weights are
+    per-expert groups by construction (see module doc)."""
     mods = _quantized_linears(model)
+    names = {id(m): n for n, m in mods.items()}
     groups, seen = [], set()
-    for name in mods:
+    for name, m in mods.items():
         if name in seen:
             continue
-        parent, _, leaf = name.rpartition(".")
-        group = [name]
-        for members in FUSED:
-            if leaf in members:
-                group = [f"{parent}.{m}" for m in members if f"{parent}.{m}" in mods]
+        group = [names[id(g)] for g in getattr(m, "fused_group", ())] or [name]
         seen.update(group)
         groups.append(group)
     return groups
@@ -119,17 +116,17 @@ def fusion_groups(model: CausalLM) -> list[list[str]]:
 @torch.no_grad()
 def shared_weight_amax(model: CausalLM) -> dict[str, torch.Tensor]:
     """Weight amax that each quantized GEMM must use as a static amax to match a fused-layer engine (vLLM):
-    fp32 [] for a QuantLinear (max over its fusion group), fp32 [E] for a GroupedLinear (per expert over its
-    [out, in] slab; `gate_up` is gate|up, so this is the shared gate/up amax)."""
-    mods = _quantized_linears(model)
+    fp32 [] for a QuantLinear (max over its fusion group: nn's `fused_weight_amax`, the value QuantLinear uses
+    under `fused_weight_scale`), fp32 [E] for a GroupedLinear (per expert over its [out, in] slab; `gate_up` is
+    gate|up, so this is the shared gate/up amax)."""
     out: dict[str, torch.Tensor] = {}
-    for group in fusion_groups(model):
-        if isinstance(mods[group[0]], GroupedLinear):
-            w = mods[group[0]].weight.detach().float()  # (E, N, K)
-            out[group[0]] = w.abs().amax(dim=(1, 2))
-            continue
-        amax = torch.stack([mods[n].weight.detach().float().abs().amax() for n in group]).amax()
-        out.update({n: amax for n in group})
+    for name, m in _quantized_linears(model).items():
+        if isinstance(m, GroupedLinear):
+            out[name] = m.weight.detach().float().abs().amax(dim=(1, 2))  # (E,)
+        elif m.fused_group:
+            out[name] = fused_weight_amax(m.fused_group)[0]
+        else:
+            out[name] = m.weight.detach().abs().amax().float()
     return out
 
 
@@ -232,7 +229,7 @@ def amax_for_encode_scale(s_enc: torch.Tensor) -> torch.Tensor:
 def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = "vllm-nvfp4",
                  dtype: torch.dtype = torch.bfloat16, weights: dict | None = None) -> Path:
     """Write `path/config.json` (+ quantization_config) and `path/model.safetensors` in the compressed-tensors
-    NVFP4 layout. Every quantized Linear needs a calibrated `input_amax` (`minite_core.nn.calibrate`).
+    NVFP4 layout. Every quantized Linear needs a calibrated `input_amax` (`minite_core.model.calibrate`).
     `weights`: NVFP4 tensors to write instead of quantizing (e.g. those returned by `load_nvfp4`)."""
     profile = get_profile(profile)
     weights = quantize_checkpoint_weights(model, profile) if weights is None else weights
@@ -240,7 +237,7 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
     missing = sorted({p for p, _, a in entries if a is None})
     if missing:
         raise ValueError(f"{len(missing)} Linears have no calibrated input_amax (e.g. {missing[:3]}): run "
-                         "minite_core.nn.calibrate(model, batches) before export_nvfp4")
+                         "minite_core.model.calibrate(model, batches) before export_nvfp4")
     tensors: dict[str, torch.Tensor] = {}
     for prefix, w, amax in entries:
         tensors[f"{prefix}.weight_packed"] = w.nvfp4.data.contiguous().cpu()
@@ -267,8 +264,8 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
     path.mkdir(parents=True, exist_ok=True)
     hf = model.config.to_hf(dtype=str(dtype).removeprefix("torch."))
     hf["quantization_config"] = quantization_config(ignore)
-    (path / CONFIG_NAME).write_text(json.dumps(hf, indent=2) + "\n")
-    save_file(tensors, path / WEIGHTS_NAME, metadata={"format": "pt"})
+    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    atomic_write_bytes(path / CONFIG_NAME, (json.dumps(hf, indent=2) + "\n").encode())
     return path
 
 
@@ -307,12 +304,13 @@ def load_nvfp4(path: str | Path, dtype: torch.dtype = torch.float32
                ) -> tuple[CausalLM, dict[str, CheckpointWeight | list[CheckpointWeight]]]:
     """(model with dequantized weights in `dtype` + input_amax, NVFP4 weights by our module name)."""
     path = Path(path)
-    hf = json.loads((path / CONFIG_NAME).read_text())
+    hf = read_config(path)
     qc = hf.get("quantization_config") or {}
     if qc.get("format") != FORMAT:
         raise ValueError(f"{path}: quantization_config.format={qc.get('format')!r}, expected {FORMAT!r}")
     config = ModelConfig.from_hf(hf)
     raw = read_safetensors(path)
+    check_finite(raw, path)
     q = read_nvfp4_tensors(raw)
     plain = {k: v for k, v in raw.items() if not any(k.endswith("." + s) for s in _SUFFIXES)}
     weights: dict[str, CheckpointWeight | list[CheckpointWeight]] = {}
@@ -377,8 +375,9 @@ class pinned_weights:
 
     Why: our nn quantizes the master weight with its own per-matrix amax; to run *exactly* a checkpoint's codes
     (shared q/k/v scales, or a checkpoint made by another tool) the weight must not be re-quantized (NVFP4
-    re-quantization is not idempotent). Implemented with forward hooks that replace the module's output; the
-    plain-torch arithmetic is nn.linear's reference (dequantize -> fp32 GEMM -> compute dtype).
+    re-quantization is not idempotent). Implemented with forward hooks that replace the module's output with nn's
+    own W4A4 step on the pinned weight: the activation through `kernels.dispatch.quantize` with the profile's
+    spec, the GEMM through `nn.linear.gemm_nt` (the same calls QuantLinear makes; no second GEMM here).
     Only QuantLinear (dense models); GroupedLinear experts are not pinned (vLLM CPU has no NVFP4 MoE either)."""
 
     def __init__(self, model: CausalLM, weights: dict):
@@ -389,19 +388,15 @@ class pinned_weights:
             m = self.model.get_submodule(name)
             if isinstance(m, GroupedLinear):
                 raise NotImplementedError(f"{name}: pinning grouped expert weights is not implemented")
-            w_hat = dequantize(w.nvfp4)  # (N, K) fp32, exact codes · scales · S_dec
 
-            def hook(module, args, output, w_hat=w_hat):
+            def hook(module, args, output, w_q=w.nvfp4):
                 (x,) = args
                 prof = module.profile
                 if prof.weight is None or prof.activation is None:
                     raise RuntimeError(f"pinned_weights needs a W4A4 profile, got {prof.name!r}")
-                spec = prof.activation
-                amax = module.input_amax if spec.static else None
-                x2 = x.reshape(-1, x.shape[-1]).to(output.dtype)
-                x_q = quantize(x2, block=spec.block, scale_mode=spec.scale_mode, amax=amax, math=spec.math,
-                               check=False)
-                y = dequantize(x_q) @ w_hat.t().to(x_q.scale.device)
+                amax = module.input_amax if prof.activation.static else None
+                x2 = x.reshape(-1, x.shape[-1]).to(output.dtype)  # (M, K)
+                y = gemm_nt(dispatch.quantize(x2, prof.activation, amax=amax, check=False), w_q)  # (M, N) fp32
                 return y.to(output.dtype).reshape(output.shape)
 
             self.handles.append(m.register_forward_hook(hook))
@@ -412,41 +407,3 @@ class pinned_weights:
             h.remove()
         self.handles.clear()
         return False
-
-
-# ---- CLI --------------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """`minite export --model DIR --out DIR [--profile vllm-nvfp4] [--calib-jsonl F --tokenizer DIR]`.
-    The model dir is one `save_pretrained` wrote; if it carries no calibrated input_amax, --calib-jsonl (the task's
-    JSONL; prompt + response texts) calibrates it first with minite_core.nn.calibrate."""
-    ap = argparse.ArgumentParser(prog="minite export", description="NVFP4 (compressed-tensors) checkpoint export")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--profile", default="vllm-nvfp4")
-    ap.add_argument("--calib-jsonl", default=None)
-    ap.add_argument("--tokenizer", default=None)
-    ap.add_argument("--calib-rows", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    args = ap.parse_args(argv)
-    from minite_core.model import load_pretrained, set_profile
-
-    model = load_pretrained(args.model)
-    profile = get_profile(args.profile)
-    if args.calib_jsonl:
-        if not args.tokenizer:
-            ap.error("--calib-jsonl needs --tokenizer")
-        from minite_core.rl.task import read_jsonl
-        from minite_core.rl.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(args.tokenizer)
-        rows = read_jsonl(args.calib_jsonl)[: args.calib_rows]
-        texts = [r["prompt"] + r.get("response", "") for r in rows]
-        batches = []
-        for i in range(0, len(texts), args.batch):
-            enc = tok(texts[i: i + args.batch], return_tensors="pt", padding=True)
-            batches.append(enc["input_ids"])
-        set_profile(model, profile)
-        calibrate(model, batches)
-    out = export_nvfp4(model, args.out, profile=profile)
-    print(f"wrote {out}")
-    return 0

@@ -26,12 +26,17 @@ import math
 
 import torch
 
-LOG_RATIO_CLAMP = 20.0
+LOG_RATIO_CLAMP = 20.0  # verl core_algos: exp of a log-ratio beyond ±20 is treated as ±20 (also rl.grpo's ratios)
 RATIO_CAP = 2.0
 # response-position buckets [lo, hi): doubling widths, since mismatch compounds along the response
 POSITION_EDGES = (0, 8, 16, 32, 64, 128, 256, 512)
 KEYS = ("k1", "k3", "k3_se", "abs_dp_mean", "abs_dp_max", "chi2", "ess", "ratio_outside_C", "pearson_p", "argmax_flip",
         "tokens")
+
+
+def clamped_log_ratio(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """logp_a − logp_b clamped to ±LOG_RATIO_CLAMP: the log importance ratio every consumer uses."""
+    return (logp_a - logp_b).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def mismatch_metrics(logp_learner: torch.Tensor, logp_sampler: torch.Tensor, mask: torch.Tensor, *,
@@ -46,7 +51,7 @@ def mismatch_metrics(logp_learner: torch.Tensor, logp_sampler: torch.Tensor, mas
     if n == 0:
         return out
     lp_l, lp_s = logp_learner.detach().double()[m], logp_sampler.detach().double()[m]  # (n,)
-    delta = (lp_l - lp_s).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    delta = clamped_log_ratio(lp_l, lp_s)
     r = delta.exp()
     p_l, p_s = lp_l.exp(), lp_s.exp()
     dp = (p_l - p_s).abs()
@@ -155,3 +160,15 @@ def mismatch_by_position_ref(logp_learner, logp_sampler, mask, *, argmax_learner
         if sub["mismatch/tokens"]:
             rows.append({"lo": lo, "hi": hi, **sub})
     return rows
+
+
+TRACE_THRESHOLD = 1e-3  # relative error at which an op "diverges" (one bf16 rounding flip is ~4e-3 per element)
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖a‖ over all elements, in float64; 0 when both are 0, inf when only the reference is 0."""
+    a, b = a.double(), b.double()
+    d2, a2 = float(((a - b) ** 2).sum()), float((a * a).sum())
+    if a2 > 0:
+        return math.sqrt(d2 / a2)
+    return 0.0 if d2 == 0 else math.inf

@@ -69,5 +69,26 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
 
 
 def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
-    """``AutoTokenizer.from_pretrained(directory)`` offline (``local_files_only``)."""
+    """``AutoTokenizer.from_pretrained(directory)`` offline (``local_files_only``); a directory without
+    tokenizer.json is an error naming it."""
+    if not (Path(directory) / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{directory} has no tokenizer.json (save_tokenizer writes it; `minite data` puts "
+                                "one under <data>/tokenizer, pretrain and rl copy it beside their checkpoints)")
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
+def encode(tok, examples: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids with <bos>, response ids + <eos>) per example: the conventions above."""
+    prompts = tok([e["prompt"] for e in examples])["input_ids"]
+    responses = tok([e["response"] for e in examples], add_special_tokens=False)["input_ids"]
+    return [list(p) for p in prompts], [list(r) + [EOS_ID] for r in responses]
+
+
+def decode_response(tok, ids: list[int]) -> str:
+    return tok.decode([t for t in ids if t != EOS_ID], skip_special_tokens=True)
+
+
+def calibration_sequences(tok, examples: list[dict]) -> list[list[int]]:
+    """<bos> + prompt + response + <eos> per example: what every stage calibrates static scales on."""
+    prompts, responses = encode(tok, examples)
+    return [p + r for p, r in zip(prompts, responses)]

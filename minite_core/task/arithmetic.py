@@ -27,11 +27,11 @@ response length per level is bounded by construction (``make_example`` checks th
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
+
+from minite_core.seeds import task_stream_seed
 
 RESPONSE_MIN_CHARS = 64  # DESIGN.md RL: responses are 64–256 tokens (= characters)
 RESPONSE_MAX_CHARS = 256
@@ -65,7 +65,7 @@ LEVEL_INDEX = {lv.name: i for i, lv in enumerate(LEVELS)}
 @dataclass(frozen=True)
 class TaskConfig:
     levels: tuple[int, ...] = tuple(range(len(LEVELS)))  # all levels: easy ones for SFT signal, hard ones for headroom
-    seed: int = 0  # run seed; each (seed, level, split) gets its own random.Random stream (see _stream_seed)
+    seed: int = 0  # run seed; each (seed, level, split) gets its own random.Random stream (seeds.task_stream_seed)
     n_train_per_level: int = 4096  # distinct prompts; smallest level prompt space is add2 (8100) / mul2x2 (7290)
     n_heldout_per_level: int = 256  # binomial std err of accuracy <= 3.1 points per level
 
@@ -175,11 +175,6 @@ def make_example(rng_or_seed: random.Random | int, level: int | str) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- splits + IO
-def _stream_seed(seed: int, level: int, stream: int) -> int:
-    """Independent integer seed per (run seed, level, stream); stream 0 = train, 1 = held-out."""
-    return (int(seed) * 1_000_003 + level) * 101 + stream
-
-
 def _unique_examples(rng: random.Random, level: int, n: int, exclude: set[str]) -> list[dict]:
     if n + len(exclude) > prompt_space_size(level):
         raise ValueError(
@@ -203,26 +198,13 @@ def make_splits(cfg: TaskConfig) -> tuple[list[dict], list[dict]]:
     train, heldout = [], []
     for level in cfg.levels:
         li = level_index(level)
-        held = _unique_examples(random.Random(_stream_seed(cfg.seed, li, 1)), li, cfg.n_heldout_per_level, set())
+        held = _unique_examples(random.Random(task_stream_seed(cfg.seed, li, 1)), li, cfg.n_heldout_per_level, set())
         tr = _unique_examples(
-            random.Random(_stream_seed(cfg.seed, li, 0)), li, cfg.n_train_per_level, {e["prompt"] for e in held}
+            random.Random(task_stream_seed(cfg.seed, li, 0)), li, cfg.n_train_per_level, {e["prompt"] for e in held}
         )
         heldout += held
         train += tr
     return train, heldout
-
-
-def write_jsonl(rows: list[dict], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="\n") as f:
-        for row in rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # ----------------------------------------------------------------------------------------------- reward

@@ -6,7 +6,7 @@ vLLM's own modules, every op's output row of every forward call (prefill and eac
 the learner's schedule) with hooks on the matching ops, and reports per op, in execution order:
   rel_err   ‖ours − vLLM‖ / ‖vLLM‖ over all rows both computed (float64),
   equal     the fraction of elements that are equal bit for bit,
-and the first op above `diagnostics.trace.TRACE_THRESHOLD` plus the first op with any difference. Because errors
+and the first op above `engines.mismatch.TRACE_THRESHOLD` plus the first op with any difference. Because errors
 propagate, `isolate` also runs our arithmetic of each op on vLLM's *own* inputs of that op (rope on vLLM's
 q_norm output, attention on vLLM's q/k/v, GEMMs on vLLM's GEMM inputs, the LM head on vLLM's final norm), for
 each candidate value of the profile knob that governs it: the variant that equals vLLM bit for bit is the knob's
@@ -112,9 +112,9 @@ def _vllm_hooks(model, runner, store: dict, order: list):
 def capture_main(args) -> int:
     """One vLLM engine: generate, recording every op (see module doc) -> torch file {rollout, ops, order}."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from minite_core.engines.vllm_compare import _rollout_json
-    from minite_core.engines.vllm_sampler import VLLMSampler, available
-    from minite_core.rl.tokenizer import EOS_ID
+    from minite_core.peers.vllm_compare import _rollout_json
+    from minite_core.peers.vllm_sampler import VLLMSampler, available
+    from minite_core.task.tokenizer import EOS_ID
 
     prompts = json.loads(Path(args.prompts).read_text())
     sampler = VLLMSampler(args.checkpoint, dtype=args.dtype, seed=args.seed)
@@ -233,7 +233,7 @@ def _align(ref: tuple, sut: tuple) -> tuple[torch.Tensor, torch.Tensor]:
 
 def compare_op(ref: torch.Tensor, sut: torch.Tensor) -> dict:
     """rel_err (‖sut − ref‖ / ‖ref‖, float64), equal (bitwise-equal element fraction), max_abs, rows."""
-    from minite_core.diagnostics.trace import rel_error
+    from minite_core.engines.mismatch import rel_error
 
     if ref.numel() == 0:
         return {"rel_err": math.nan, "equal": math.nan, "max_abs": math.nan, "rows": 0}
@@ -243,7 +243,7 @@ def compare_op(ref: torch.Tensor, sut: torch.Tensor) -> dict:
 
 def trace_against(capture: dict, model, profile, threshold: float | None = None) -> dict:
     """Propagated trace: vLLM's recorded ops (reference) vs ours under `profile` on the capture's tokens."""
-    from minite_core.diagnostics.trace import TRACE_THRESHOLD
+    from minite_core.engines.mismatch import TRACE_THRESHOLD
     from minite_core.profiles import get_profile
 
     threshold = TRACE_THRESHOLD if threshold is None else threshold
@@ -349,7 +349,7 @@ def isolate(capture: dict, model, profile) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minite_core.engines.vllm_trace")
+    ap = argparse.ArgumentParser(prog="python -m minite_core.peers.vllm_trace")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture", help="(vLLM venv) generate with real vLLM, recording every op")
     c.add_argument("--checkpoint", required=True)
