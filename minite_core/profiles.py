@@ -57,6 +57,11 @@ class Profile:
     # softmax(QKᵀ)V precision. bf16 attention rounds differently in cached decode than in the learner's
     # full-sequence prefill, and the next GEMM's NVFP4 re-quantization amplifies that (diagnostics trace).
     attention_dtype: str | None = None  # None = `dtype`
+    # Rollout routing replay (R3, arXiv 2510.11370), learner side only (a sampler ignores it): each token's MoE
+    # layers execute the top-k expert SET the sampler recorded for it instead of this router's own top-k; the
+    # gate weights still come from this router's softmax over those experts, so the router keeps its gradient.
+    # Off by default: engines route independently, and the routing diagnostics measure how often they disagree.
+    routing_replay: bool = False
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
@@ -153,6 +158,8 @@ PROFILES: dict[str, Profile] = {
 # A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
 # decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
+# The naive Blackwell learner with rollout routing replay (R3): how much of the naive pair's gap is routing flips.
+PROFILES["te-nvfp4-r3"] = PROFILES["te-nvfp4"].replace(name="te-nvfp4-r3", routing_replay=True)
 
 
 def get_profile(name: str | Profile) -> Profile:
