@@ -8,6 +8,7 @@
 #   num_prompts, max_new_tokens, temperature, top_p, num_calib, batch_size (null = all rows in one batch)
 #   prompts, calib    task JSONL paths or null (null = the DAG's held-out / train split)
 #   trace, attribution  booleans;  attribution_base "learner:sampler"
+#   budget            {"learner:sampler": k3 ceiling}: the gate (fails the rule naming pair, k3, budget, first op)
 # plus the top-level `seed` and `device`.
 
 
@@ -39,6 +40,7 @@ def _diagnostics_flags(wildcards, input):
         flags.append(f"--attribution --attribution-base {d.get('attribution_base', 'te-nvfp4:vllm-nvfp4')}")
         if d.get("attribution_cumulative", True):
             flags.append("--attribution-cumulative")
+    flags += [f"--k3-budget {pair}={value}" for pair, value in d.get("budget", {}).items()]
     return " ".join(flags)
 
 
