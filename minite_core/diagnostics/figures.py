@@ -40,9 +40,10 @@ def _by_position(payload: dict, path, key: str, ylabel: str) -> Path:
     """Metric `key` per response-position bucket, one line per pair (pairs without the key are left out)."""
     rows = [{"pair": pair, "position": r["lo"], "value": _floor(r[key])}
             for pair, buckets in payload["by_position"].items() for r in buckets if key in r]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(8.4, 3.6))
     if rows:
         sns.lineplot(data=pd.DataFrame(rows), x="position", y="value", hue="pair", marker="o", ax=ax)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))  # outside: lines span the whole axis
     ax.set_xscale("symlog", linthresh=8)
     ax.set_yscale("log")
     ax.set_xlabel("response position (bucket start)")
@@ -71,11 +72,15 @@ def routing_by_layer(payload: dict, path) -> Path:
     (a pair whose learner replays the sampler's routing executes the same sets: 0 by construction)."""
     rows = [{"pair": pair, "layer": layer, "disagree": v}
             for pair, layers in routing_pairs(payload).items() for layer, v in sorted(layers.items())]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(8.4, 3.6))
     sns.barplot(data=pd.DataFrame(rows), x="layer", y="disagree", hue="pair", ax=ax)
+    for bars in ax.containers:  # small rates (aligned pairs) are invisible on a linear axis: print them
+        ax.bar_label(bars, labels=[f"{b.get_height():.1e}" if b.get_height() else "0" for b in bars],
+                     fontsize=6, rotation=90, padding=2)
     ax.set_xlabel("decoder layer (MoE)")
     ax.set_ylabel("tokens with a different top-k set")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.15)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
     return _save(fig, path)
 
 
