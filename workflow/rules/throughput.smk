@@ -5,6 +5,8 @@
 
 
 rule throughput:
+    input:
+        kernels=rules.kernels_check.output.json,
     output:
         json=f"{RESULTS}/throughput/learner.json",
         csv=f"{RESULTS}/throughput/learner.csv",
