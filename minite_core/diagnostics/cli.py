@@ -25,7 +25,7 @@ import torch
 from minite_core.diagnostics import attribution as attr
 from minite_core.diagnostics.metrics import mismatch_by_position, mismatch_metrics
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
-from minite_core.engines import Learner, Sampler, derive_seed, gemm_modules
+from minite_core.engines import Learner, derive_seed, gemm_modules, make_sampler
 from minite_core.model import load_pretrained
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
@@ -120,7 +120,7 @@ def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts,
                  temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None):
     """Sample with `sampler`, rescore with `learner` -> (metrics, by_position rows, rollout)."""
     learner, sampler = get_profile(learner), get_profile(sampler)
-    rollout = Sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                                top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size)
     lp_l, ent, mask, amax_l = Learner(model, learner, seed=seed, batch_size=batch_size).logprobs(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,

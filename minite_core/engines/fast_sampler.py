@@ -58,6 +58,10 @@ ENGINES = ("reference", "fast", "fast-eager")
 ENV_VAR = "MINITE_SAMPLER"
 
 
+class GraphCaptureError(RuntimeError):
+    """The decode step could not be captured in a CUDA graph (the message says which op, and what to do)."""
+
+
 def write_step(buf: torch.Tensor, step: torch.Tensor, values: torch.Tensor, dim: int = 1) -> None:
     """buf[:, step] = values (along `dim`) at the device step (0-dim int64): in place, capturable."""
     buf.index_copy_(dim, step.view(1), values.unsqueeze(dim))
@@ -142,11 +146,30 @@ class FastSampler(Sampler):
         for s in range(1, max_new_tokens):
             if s % self.sync_every == 0 and bool(st.all_done):  # host sync: every sync_every steps
                 break
-            if st.graph is not None:
-                st.graph.replay()
-            else:
-                self._step(st)
+            self._advance(st)
         return self._read(st, len(prompts))
+
+    @torch.inference_mode()
+    def start(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+              stop_ids=(EOS_ID,), seed: int = 0, full_logprobs: bool = False) -> _Decode:
+        """Prefill one batch of prompts (one bucket) and sample its step 0; `step` it max_new_tokens - 1 times
+        (what `generate` does, without the early stop and the read-back: for benchmarks and checks)."""
+        check_generate_args(prompts, max_new_tokens, temperature, top_p)
+        set_profile(self.model, self.profile)
+        self.model.eval()
+        return self._prefill(prompts, list(range(len(prompts))), max_new_tokens, temperature, top_p,
+                             frozenset(stop_ids), seed, full_logprobs)
+
+    @torch.inference_mode()
+    def step(self, st: _Decode) -> None:
+        """One decode step of a started batch (asynchronous on CUDA)."""
+        self._advance(st)
+
+    def _advance(self, st: _Decode) -> None:
+        if st.graph is not None:
+            st.graph.replay()
+        else:
+            self._step(st)
 
     def _prefill(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, full_logprobs):
         """State for this batch (captured first when graphs are on), reset, prefilled, step 0 sampled."""
@@ -255,38 +278,40 @@ class FastSampler(Sampler):
             with torch.cuda.graph(graph, pool=self._pool):
                 self._step(st)
         except RuntimeError as e:
-            raise RuntimeError(
+            raise GraphCaptureError(
                 f"FastSampler: the decode step of profile {self.profile.name!r} cannot be captured in a CUDA "
                 f"graph: {e}. It must not sync with the host (FastSampler.step_host_syncs lists the Python-level "
                 "syncs, also on CPU); meanwhile use the 'fast-eager' engine (graph=False)") from e
         st.graph, st.weight_refs = graph, _weight_refs(self.model)
 
     # ---- checks ------------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def step_host_syncs(self, prompts: list[list[int]], *, max_new_tokens: int = 4, temperature: float = 1.0,
-                        top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int = 0) -> list[HostSync]:
-        """The Python-level host syncs (engines.host_sync) of one decode step after a real prefill of
-        `prompts`: what stands between the step and a CUDA graph. Runs eagerly, on any device."""
-        check_generate_args(prompts, max_new_tokens, temperature, top_p)
-        set_profile(self.model, self.profile)
-        self.model.eval()
+    def step_host_syncs(self, prompts: list[list[int]], **start_kwargs) -> list[HostSync]:
+        """The Python-level host syncs (engines.host_sync) of one eager decode step after a real prefill of
+        `prompts` (`start`'s arguments; max_new_tokens defaults to 4): what stands between the step and a CUDA
+        graph. Runs on any device."""
         graph, self.graph = self.graph, False
         try:
-            st = self._prefill(prompts, list(range(len(prompts))), max_new_tokens, temperature, top_p,
-                               frozenset(stop_ids), seed, False)
+            st = self.start(prompts, **{"max_new_tokens": 4, **start_kwargs})
         finally:
             self.graph = graph
-        return find_host_syncs(self._step, st)
+        with torch.inference_mode():
+            return find_host_syncs(self._step, st)
+
+
+def resolve_engine(engine: str | None, device) -> str:
+    """engine, else env MINITE_SAMPLER, else "fast" on CUDA and "reference" on CPU (there both give the same
+    bits — tests/test_fast_sampler.py — and the reference is the readable definition); checked."""
+    name = engine or os.environ.get(ENV_VAR) or ("fast" if torch.device(device).type == "cuda" else "reference")
+    if name not in ENGINES:
+        raise ValueError(f"unknown sampler engine {name!r} (argument or ${ENV_VAR}); one of {list(ENGINES)}")
+    return name
 
 
 def make_sampler(model, profile, *, engine: str | None = None, device=None) -> Sampler:
-    """The rollout engine the stages use. engine: "reference" (engines.sampler), "fast" (FastSampler, CUDA graph
-    on CUDA), "fast-eager" (FastSampler without graph); None = env MINITE_SAMPLER, else "fast" on CUDA and
-    "reference" on CPU (bitwise the same results there, and the reference is the readable definition)."""
+    """The rollout engine the stages use: "reference" (engines.sampler), "fast" (FastSampler, CUDA graph on
+    CUDA), "fast-eager" (FastSampler without graph); None = `resolve_engine`'s default."""
     dev = torch.device(device) if device is not None else model.lm_head.weight.device
-    name = engine or os.environ.get(ENV_VAR) or ("fast" if dev.type == "cuda" else "reference")
-    if name not in ENGINES:
-        raise ValueError(f"unknown sampler engine {name!r} (argument or ${ENV_VAR}); one of {list(ENGINES)}")
+    name = resolve_engine(engine, dev)
     if name == "reference":
         return Sampler(model, profile, device=dev)
     return FastSampler(model, profile, device=dev, graph=name == "fast" and dev.type == "cuda")

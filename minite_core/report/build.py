@@ -84,6 +84,13 @@ def section_throughput(results: Path) -> str:
     return throughput_section(path if path.exists() else None)
 
 
+def section_sampler_throughput(results: Path) -> str:
+    from minite_core.bench.sampler import sampler_section
+
+    path = results / "throughput" / "sampler.json"
+    return sampler_section(path if path.exists() else None)
+
+
 def section_kernels(results: Path) -> str:
     res = _load(results / "bench" / "kernels.json")
     head = "## Kernel micro-benchmarks (NVFP4 quantize, W4A4 GEMM, decode GEMM)\n\n"
@@ -220,7 +227,7 @@ def section_peers(results: Path) -> str:
             "commands); not part of this experiment's run.\n\n" + summary.read_text())
 
 
-SECTIONS = [section_header, section_throughput, section_kernels, section_quant_error, section_pretrain,
+SECTIONS = [section_header, section_throughput, section_sampler_throughput, section_kernels, section_quant_error, section_pretrain,
             section_mismatch, section_trace, section_attribution, section_rl, section_eval, section_peers]
 
 

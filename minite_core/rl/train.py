@@ -5,9 +5,10 @@ Shape legend: B = prompts per step, G = group size, N = B*G responses, T = longe
 Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one model tree, two execution profiles):
 1. prompts: B training prompts drawn without replacement by derive_seed(run seed, "batch", s); each repeated G
    times (groups contiguous, as ``group_advantages`` expects).
-2. rollout: the ``Sampler`` under S generates the N responses (temperature / top-p from the config), seeded by
+2. rollout: the sampler under S generates the N responses (temperature / top-p from the config), seeded by
    derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
-   of its processed distribution (vLLM's ``logprobs``).
+   of its processed distribution (vLLM's ``logprobs``). The engine (``engines.make_sampler``): the fast CUDA-graph
+   sampler on the GPU, the reference loop on CPU (bitwise the same results there), $MINITE_SAMPLER overrides.
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
@@ -49,7 +50,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minite_core.diagnostics.metrics import mismatch_metrics
-from minite_core.engines import Learner, Sampler, derive_seed
+from minite_core.engines import Learner, Sampler, derive_seed, make_sampler, resolve_engine
 from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.nn import calibrate, track_optimizer
 from minite_core.profiles import get_profile
@@ -231,11 +232,12 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
                               calibration_batches(tok, train_set, cfg.calibration_examples, seed)])
             calibrated = True
     learner = Learner(model, L, seed=derive_seed(seed, SEED_TAGS["learner"]))
-    sampler = Sampler(model, S)
+    engine = resolve_engine(None, device)  # fast (CUDA graphs) on the GPU, the reference on CPU ($MINITE_SAMPLER)
+    sampler = make_sampler(model, S, engine=engine)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
-               "correction": correction or "none", "pretrained": str(pretrained),
+               "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
     resumed = resume_or_fresh(state_dir, model=model, optimizer=opt, config=run_cfg)
     step = resumed["step"] if resumed else 0

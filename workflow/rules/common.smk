@@ -17,3 +17,14 @@ def kernels_env():
 
 
 KERNELS_ENV = kernels_env()
+
+
+def sampler_env():
+    """`MINITE_SAMPLER=<engine> ` when config `sampler_engine` pins the rollout engine of the rl / diagnostics /
+    eval / pretrain stages (auto = engines.make_sampler's choice: fast CUDA-graph sampler on the GPU, reference
+    on CPU)."""
+    engine = config.get("sampler_engine", "auto")
+    return "" if engine == "auto" else f"MINITE_SAMPLER={engine} "
+
+
+KERNELS_ENV += sampler_env()  # the stages' engine environment: kernel backend and sampler engine

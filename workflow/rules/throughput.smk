@@ -35,3 +35,28 @@ rule throughput:
         "minite bench learner --config {params.config} --profiles {params.profiles} --budget-s {params.budget_s} "
         "{params.overrides} --device {params.device} --seed {params.seed} --experiment {EXP} "
         "--out {output.json} --csv {output.csv} --markdown {output.table} > {log} 2>&1"
+
+
+rule throughput_sampler:
+    # Decode tokens/s of the fast sampler per profile x shape x batch, bf16 and the reference sampler in the same
+    # run (minite_core/bench/sampler.py). CPU smoke: config "tiny", seconds; H200: config "h200".
+    output:
+        json=f"{RESULTS}/throughput/sampler.json",
+        table=f"{RESULTS}/throughput/sampler.md",
+    log:
+        f"{RESULTS}/logs/throughput_sampler.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/throughput_sampler.tsv"
+    params:
+        config=cfg("sampler_bench", "config"),
+        profiles=",".join(cfg("sampler_bench", "profiles")),
+        budget_s=cfg("sampler_bench", "budget_s"),
+        device=cfg("device"),
+        seed=cfg("seed"),
+    priority: 10  # with the learner bench, while the GPU is still free of the other stages
+    resources:
+        gpu=cfg("gpu_slots"),  # the whole GPU: timings are not shared with other jobs
+    shell:
+        "minite bench sampler --config {params.config} --profiles {params.profiles} --budget-s {params.budget_s} "
+        "--device {params.device} --seed {params.seed} --experiment {EXP} --out {output.json} "
+        "--markdown {output.table} > {log} 2>&1"
