@@ -129,7 +129,7 @@ def processed_logprobs(logits: torch.Tensor, *, temperature: float = 1.0, top_p:
 
 # ---- shared by the reference and the fast sampler: batch layout, noise, one sampling step ------------------
 CACHE_SLOT_MULTIPLE = 64  # cache slots rounded up to this, so one CUDA graph serves many prompt lengths
-U_ZERO_GUARD = 2.0 ** -32  # u == 0 (probability 2^-31 per draw) is read as half the smallest positive uniform
+U_ZERO_GUARD = 2.0 ** -32  # u == 0 is read as half the smallest positive uniform (race_noise)
 
 
 def batch_bucket(n: int) -> int:
@@ -168,8 +168,9 @@ def race_noise(seeds: torch.Tensor, step, vocab: int) -> torch.Tensor:
     """Exponential-race noise q ~ Exp(1), (B, V) fp32, for rows with Philox keys `seeds` (B,) int64 at decode
     `step` (int or 0-dim int64 tensor on the device): q = -log(u), u = philox.uniform(seed, step * 2^32 + v), i.e.
     Philox counter (c0, c1) = (vocab index v, step) — what a fused Triton kernel gets from tl.rand(seed, offset).
-    Guard: u == 0 would give q = +inf (a token that can never win); it is read as U_ZERO_GUARD (q = 22.18, the
-    grid's next value), so every q is finite and positive and argmax(p / q) always picks a token with p > 0."""
+    Guard: u == 0 (probability 2^-31 per draw) would give q = +inf, a token that can never win; it is read as
+    U_ZERO_GUARD = 2^-32, half the smallest positive uniform (q = 22.18, just past the grid's largest q, 21.49), so
+    every q is finite and positive and argmax(p / q) always picks a token with p > 0."""
     offset = torch.arange(vocab, dtype=torch.long, device=seeds.device) + step * (1 << 32)  # (V,)
     u = philox.uniform(seeds[:, None], offset[None, :])  # (B, V)
     return -torch.log(torch.where(u == 0, torch.full_like(u, U_ZERO_GUARD), u))
