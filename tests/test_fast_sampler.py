@@ -25,11 +25,10 @@ PROMPTS = [[1, 5, 6, 7], [1, 8, 9], [1, 10, 11, 12, 13, 14], [1, 20], [1, 33, 34
 STOP = tuple(range(0, 64, 9))  # one token in nine stops a row: many rows stop early, some never
 # (temperature, top_p)
 SAMPLING = [(1.0, 1.0), (0.0, 1.0), (0.7, 0.8)]
-# Python-level host syncs the decode step still performs (engines.host_sync), by (op, file): SparseMoE's
-# bincount and the per-expert split of nn.experts. The lead's sync-free grouped MoE path removes both; then this
-# table becomes empty and the MoE case below fails until it is updated.
-KNOWN_STEP_SYNCS = {"tiny-dense": set(),
-                    "tiny-moe": {("bincount", "model/qwen3_moe.py"), ("tolist", "nn/experts.py")}}
+# Python-level host syncs the decode step still performs on CPU (engines.host_sync), by (op, file): the
+# reference grouped-expert path reads the MoE layout's segment bounds to the host (nn/experts.py: "reference:
+# host loop over experts"); the GPU path (kernels: auto) has none. Dense decode steps have none.
+KNOWN_STEP_SYNCS = {"tiny-dense": set(), "tiny-moe": {("tolist", "nn/moe_layout.py")}}
 
 
 def _model(name: str) -> CausalLM:

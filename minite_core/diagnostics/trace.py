@@ -92,18 +92,13 @@ class _Recorder:
                 self.order.append(name)
                 self.chunks[name] = []
             flat = self.token_map.reshape(-1)  # (N,) = B*T slots in the model's row-major token order
-            if kind == "grouped_gemm":
-                top_idx = self.routes[name.rsplit(".experts", 1)[0] + ".gate"]  # (N, K) this call's routing
-                keys, values = [], []
-                for e, chunk in enumerate(output.detach().float().split(args[1].tolist())):
-                    slots = (top_idx == e).any(dim=-1).nonzero().flatten()  # ascending = sorted-by-expert order
-                    if slots.numel() != chunk.shape[0]:
-                        raise RuntimeError(f"{name}: expert {e} has {chunk.shape[0]} rows, router sent "
-                                           f"{slots.numel()}")
-                    keep = flat[slots] >= 0
-                    keys.append(torch.stack([flat[slots][keep], torch.full_like(flat[slots][keep], e)], -1))
-                    values.append(chunk[keep])
-                self.chunks[name].append((torch.cat(keys), torch.cat(values)))
+            if kind == "grouped_gemm":  # rows of the padded sorted layout -> (token, expert) keys
+                layout = args[1]
+                live = layout.src < flat.numel()  # pad rows read no token
+                tok = flat[layout.src[live]]
+                keep = tok >= 0
+                keys = torch.stack([tok[keep], layout.row_expert[live][keep]], -1)
+                self.chunks[name].append((keys, output.detach().float()[live][keep]))
                 return
             out = output.detach().float().reshape(flat.numel(), -1)  # (N, F)
             keep = flat >= 0
@@ -139,7 +134,7 @@ def _run_full(model, rec, prompt_ids, response_ids, device):
     rows = torch.arange(B, device=device)[:, None].expand(B, L)
     pos = torch.arange(L, device=device)[None].expand(B, L)
     rec.token_map = _flat_ids(rows, pos, attn.bool())
-    model(ids, attention_mask=attn)
+    model(ids, attention_mask=None if ids.is_cuda else attn)  # as the learner runs it (engines/learner.py)
 
 
 def _run_decode(model, rec, prompt_ids, response_ids, device):

@@ -46,7 +46,6 @@ from minite_core.engines.host_sync import HostSync, find_host_syncs
 from minite_core.engines.sampler import (Sampler, batch_bucket, batch_layout, cache_slots, check_generate_args,
                                          row_seeds, sample_step)
 from minite_core.model import KVCache, set_profile
-from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.rl.tokenizer import EOS_ID, PAD_ID
 
 # CUDA: decode steps between host reads of the all-finished flag — at most 15 wasted steps after the last row
@@ -94,13 +93,13 @@ class _Decode:
 def _weight_refs(model) -> list[tuple]:
     """Everything of the weights a captured step reads by address, held by reference (so it stays alive while
     the graph may read it) with what must match for the graph to be current: every parameter and buffer with
-    its storage pointer (+ its version where nn caches a quantized copy of it), every cached weight operand and
-    fused-scale amax of nn.linear."""
+    its storage pointer (+ its version where nn caches a converted copy of it: quantized operands, the bf16
+    expert weights), every cached weight operand and fused-scale amax of nn."""
     refs = []
     for module in model.modules():
-        quantized = isinstance(module, (QuantLinear, GroupedLinear)) and module.profile.weight is not None
+        cached = bool(getattr(module, "weight_cache", None))  # nn keeps a converted copy of this weight
         for t in itertools.chain(module.parameters(recurse=False), module.buffers(recurse=False)):
-            refs.append((t, t.data_ptr(), t._version if quantized and t is module.weight else None))
+            refs.append((t, t.data_ptr(), t._version if cached and t is module.weight else None))
         refs += [(entry, None, None) for entry in getattr(module, "weight_cache", {}).values()]
         fused = module.__dict__.get("_fused_amax")
         if fused is not None:

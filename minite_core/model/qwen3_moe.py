@@ -8,8 +8,8 @@ Same function as transformers' Qwen3MoeForCausalLM / Qwen3ForCausalLM (parity-te
 module and parameter names where transformers has them (`model.layers.{i}.self_attn.q_proj`, `.mlp.gate`, ...),
 so forward hooks and the first-divergence trace address both engines alike. Differences from transformers:
 - Experts are two GroupedLinear, `mlp.experts.gate_up` [E, 2I, D] (gate rows first, like transformers 5's fused
-  `gate_up_proj`) and `mlp.experts.down` [E, D, I], run on tokens sorted by expert (the grouped-GEMM layout the
-  NVFP4 kernels take) instead of transformers' per-expert gather loop.
+  `gate_up_proj`) and `mlp.experts.down` [E, D, I], run on tokens sorted by expert with 16-aligned segments
+  (`nn.moe_layout`, the grouped-GEMM layout the kernels take) instead of transformers' per-expert gather loop.
 - The top-k expert outputs of a token are summed in fp32 in rank order (deterministic); transformers
   index_adds them in the hidden dtype in expert order. Identical in fp32 up to rounding.
 - Precision comes from the profile (`set_profile`), not from the parameter dtype: parameters stay in whatever
@@ -34,6 +34,7 @@ from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.nn.linear import torch_dtype
+from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
 from minite_core.profiles import PROFILES, Profile, get_profile
 
 
@@ -120,17 +121,17 @@ class DenseMLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts as two grouped GEMMs over tokens sorted by expert."""
+    """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up = GroupedLinear(num_experts, hidden_size, 2 * intermediate_size)  # [E, 2I, D], gate first
         self.down = GroupedLinear(num_experts, intermediate_size, hidden_size)  # [E, D, I]
 
-    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # x_sorted: (N*K, D) grouped by expert; counts: (E,) -> (N*K, D)
-        gate, up = self.gate_up(x_sorted, counts).chunk(2, dim=-1)  # (N*K, I) each
-        return self.down(F.silu(gate) * up, counts)
+    def forward(self, x_pad: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+        # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
+        gate, up = self.gate_up(x_pad, layout).chunk(2, dim=-1)  # (Tp, I) each
+        return self.down(F.silu(gate) * up, layout)
 
 
 class SparseMoE(nn.Module):
@@ -156,14 +157,10 @@ class SparseMoE(nn.Module):
         B, T, D = x.shape
         x_flat = x.reshape(-1, D)  # (N, D)
         top_w, top_idx = self.route(x_flat)
-        flat_idx = top_idx.reshape(-1)  # (N*K,)
-        order = torch.argsort(flat_idx, stable=True)  # (N*K,) assignment slots sorted by expert
-        counts = torch.bincount(flat_idx, minlength=self.num_experts)  # (E,)
-        y_sorted = self.experts(x_flat[order // self.top_k], counts)  # (N*K, D)
-        y_sorted = (y_sorted * top_w.reshape(-1)[order, None]).float()  # weight in router dtype, sum in fp32
-        y = torch.empty_like(y_sorted)
-        y[order] = y_sorted  # back to (token, rank) order
-        return y.view(B * T, self.top_k, D).sum(dim=1).to(x.dtype).view(B, T, D)
+        layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
+        y_pad = self.experts(permute(x_flat, layout), layout)  # (Tp, D)
+        # weight in the router dtype, the k rows of a token summed in fp32 in rank order
+        return combine(y_pad, top_w, layout).to(x.dtype).view(B, T, D)
 
 
 class DecoderLayer(nn.Module):
