@@ -241,3 +241,16 @@ def test_gpu_graph_follows_weight_updates(profile):
     after = fast.generate(PROMPTS, **kw)
     _assert_same(FastSampler(model, profile, graph=True).generate(PROMPTS, **kw), after)
     assert after.logprobs != before.logprobs
+
+
+@pytest.mark.parametrize("engine", [Sampler, FastSampler])
+def test_learner_trains_after_sampling(engine):
+    """Sampling runs under no_grad, not inference_mode: nn caches weight copies (bf16 casts, quantized operands)
+    during the rollout, and the learner's next forward with grad reuses and saves them for backward."""
+    from minite_core.engines import Learner
+
+    model = CausalLM(PRESETS["tiny-moe"]).init_weights(3, std=0.3)
+    r = engine(model, "bf16").generate(PROMPTS, max_new_tokens=4, seed=0)
+    logp, _, mask = Learner(model, "bf16").logprobs(r.prompt_ids, r.response_ids, grad=True)
+    (-logp[mask].mean()).backward()
+    assert model.lm_head.weight.grad is not None

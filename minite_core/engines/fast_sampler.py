@@ -139,7 +139,7 @@ class FastSampler(Sampler):
         self._pool = None  # CUDA-graph memory pool shared by this sampler's graphs
 
     # ---- one batch ---------------------------------------------------------------------------------------
-    @torch.inference_mode()
+    @torch.no_grad()
     def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, full_logprobs):
         st = self._prefill(prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, full_logprobs)
         for s in range(1, max_new_tokens):
@@ -148,7 +148,7 @@ class FastSampler(Sampler):
             self._advance(st)
         return self._read(st, len(prompts))
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def start(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
               stop_ids=(EOS_ID,), seed: int = 0, full_logprobs: bool = False) -> _Decode:
         """Prefill one batch of prompts (one bucket) and sample its step 0; `step` it max_new_tokens - 1 times
@@ -159,7 +159,7 @@ class FastSampler(Sampler):
         return self._prefill(prompts, list(range(len(prompts))), max_new_tokens, temperature, top_p,
                              frozenset(stop_ids), seed, full_logprobs)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def step(self, st: _Decode) -> None:
         """One decode step of a started batch (asynchronous on CUDA)."""
         self._advance(st)
@@ -293,7 +293,7 @@ class FastSampler(Sampler):
             st = self.start(prompts, **{"max_new_tokens": 4, **start_kwargs})
         finally:
             self.graph = graph
-        with torch.inference_mode():
+        with torch.no_grad():
             return find_host_syncs(self._step, st)
 
 

@@ -224,7 +224,7 @@ class Sampler:
             out.full_logprobs += full
         return out
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: nn caches weight copies made here, and the learner's autograd reuses them
     def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, full_logprobs):
         dev, B = self.device, len(prompts)
         rows = batch_bucket(B)  # + dummy rows, exactly as the fast sampler pads
