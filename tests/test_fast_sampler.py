@@ -204,6 +204,40 @@ def test_kv_cache_static_protocol(models):
             model(torch.zeros(2, 1, dtype=torch.long), attention_mask=real, cache=cache)
 
 
+def test_graph_bookkeeping_with_a_stand_in_graph(models, monkeypatch):
+    """The CUDA-graph bookkeeping on CPU — capture before the reset and prefill, one replay per step, the shared
+    pool, re-capture exactly when the weights the graph read change — with a stand-in for the capture whose
+    "graph" replays the captured step eagerly."""
+    from minite_core.engines import fast_sampler as fs
+
+    pools = []
+
+    class StandIn:
+        def __init__(self, fn):
+            self.replay = fn
+
+    def capture(fn, device, pool):
+        for _ in range(fs.WARMUP_STEPS):  # the warm-up steps run on the live buffers, as on the GPU
+            fn()
+        pools.append(pool)
+        return StandIn(fn)
+
+    monkeypatch.setattr(fs, "capture_step", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    model = models["tiny-dense"]
+    sampler = FastSampler(model, "minite", graph=False)
+    sampler.graph = True  # graph path on CPU, through the stand-in
+    kw = dict(max_new_tokens=10, stop_ids=STOP, seed=11)
+    _assert_same(Sampler(model, "minite").generate(PROMPTS, **kw), sampler.generate(PROMPTS, **kw))
+    _assert_same(Sampler(model, "minite").generate(PROMPTS[:3], **kw), sampler.generate(PROMPTS[:3], **kw))
+    assert pools == ["pool", "pool"]  # buckets 8 and 4: one graph each, one pool
+    sampler.generate(PROMPTS, **kw)  # same state, same weights: replayed as captured
+    assert len(pools) == 2
+    clear_weight_caches(model)  # what track_optimizer does after an optimizer step
+    _assert_same(Sampler(model, "minite").generate(PROMPTS, **kw), sampler.generate(PROMPTS, **kw))
+    assert len(pools) == 3
+
+
 # ---- GPU (the H200): CUDA-graph replay vs the eager fast path vs the reference --------------------------------
 @pytest.fixture(scope="module")
 def cuda_models():

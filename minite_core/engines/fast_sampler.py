@@ -122,6 +122,22 @@ def _sync_debug_error():
         torch.cuda.set_sync_debug_mode(before)
 
 
+def capture_step(fn, device, pool) -> torch.cuda.CUDAGraph:
+    """PyTorch's torch.cuda.graph recipe for `fn` (a step that writes only into static buffers): WARMUP_STEPS
+    eager calls on a side stream (the last under sync debug mode "error"), then the capture into `pool`."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for i in range(WARMUP_STEPS):
+            with _sync_debug_error() if i == WARMUP_STEPS - 1 else contextlib.nullcontext():
+                fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    return graph
+
+
 class FastSampler(Sampler):
     """`Sampler` whose batches run on static buffers with no per-token host sync; graph: CUDA-graph replay of
     the decode step (default: on CUDA); sync_every: steps between host reads of the all-finished flag."""
@@ -260,22 +276,13 @@ class FastSampler(Sampler):
             st.full.zero_()
 
     def _capture(self, st: _Decode) -> None:
-        """Warm up on a side stream, then capture `_step` into st.graph (PyTorch's torch.cuda.graph recipe)."""
+        """Capture `_step` on st's buffers into st.graph (all rows active, so the step runs every branch)."""
         st.graph = None  # an old graph's pool memory is released first
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        self._reset(st, st.seeds.clone(), st.done.shape[0])  # all rows active: the step runs every branch
+        self._reset(st, st.seeds.clone(), st.done.shape[0])
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for i in range(WARMUP_STEPS):
-                    with _sync_debug_error() if i == WARMUP_STEPS - 1 else contextlib.nullcontext():
-                        self._step(st)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._step(st)
+            graph = capture_step(lambda: self._step(st), self.device, self._pool)
         except RuntimeError as e:
             raise GraphCaptureError(
                 f"FastSampler: the decode step of profile {self.profile.name!r} cannot be captured in a CUDA "
