@@ -158,6 +158,23 @@ def test_race_noise_is_counter_based():
     assert abs(float(big.mean()) - 1.0) < 0.02 and bool((big > 0).all()) and bool(torch.isfinite(big).all())
 
 
+def test_exponential_race_samples_the_processed_distribution():
+    """argmax(p / q) with the counter-based q draws token v with probability p_v (fixed seeds: deterministic)."""
+    logits = torch.randn(1, 16, generator=torch.Generator().manual_seed(0)) * 2
+    rows, steps = 4000, 10
+    seeds = torch.tensor([ref_sampler.derive_seed(1, i) for i in range(rows)])
+    for top_p in (1.0, 0.8):
+        p = ref_sampler.processed_logprobs(logits, top_p=top_p).exp()[0]
+        counts = torch.zeros(16)
+        for step in range(steps):
+            tok = ref_sampler.sample_step(logits.expand(rows, 16), seeds, step, temperature=1.0, top_p=top_p)[0]
+            counts += torch.bincount(tok, minlength=16)
+        freq = counts / counts.sum()
+        sd = (p * (1 - p) / (rows * steps)).sqrt()
+        assert bool(((freq - p).abs() <= 4 * sd + 1e-6).all()), (freq, p)
+        assert bool((freq[p == 0] == 0).all())  # top-p-filtered tokens are never drawn
+
+
 def test_race_noise_zero_guard(monkeypatch):
     monkeypatch.setattr(philox, "uniform", lambda seed, offset: torch.zeros(torch.broadcast_shapes(seed.shape,
                                                                                                      offset.shape)))
