@@ -80,6 +80,7 @@ def run_options(config: dict, *, kernels: str | None = None, compute: bool = Tru
     opts = f"--experiment {config['experiment']} --seed {config['seed']}"
     if compute:
         opts += f" --device {config['device']} --kernels {kernels or config['kernels']}"
+        opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
     return opts
 
 

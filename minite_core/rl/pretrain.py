@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.engines import Sampler
+from minite_core.engines import make_sampler
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
@@ -115,11 +115,11 @@ def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
 
 def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens: int,
                     batch_size: int = 256) -> dict[str, float]:
-    """Greedy (temperature 0) held-out accuracy under ``profile`` through the Sampler engine: {"acc", "acc/<level>",
+    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (make_sampler): {"acc", "acc/<level>",
     "response_len"}. Leaves the model in train mode with whatever profile it had."""
     before, was_training = model.profile, model.training
     prompts, _ = encode(tok, examples)
-    out = Sampler(model, profile).generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
+    out = make_sampler(model, profile).generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
                                            batch_size=batch_size)
     rewards = [reward(decode_response(tok, r), e["answer"]) for r, e in zip(out.response_ids, examples)]
     set_profile(model, before)
