@@ -6,6 +6,7 @@
 # DIAG_S limit the stages; DIAG_EXTRA is merged into the diagnostics section (JSON), e.g. '{"attribution": false}'.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the outputs}
+export MINITE_COMMIT=${MINITE_COMMIT:?pass MINITE_COMMIT=$(git rev-parse --short HEAD) from the checkout: the device copy's git metadata is not the commit that runs}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=results/h200
 sec() { python3 -c "import json, sys, yaml; c = yaml.safe_load(open('experiments/h200.yaml')); s = c.get('$1', {}); s.update(json.loads(sys.argv[1])); print(json.dumps(s))" "${2:-{\}}"; }

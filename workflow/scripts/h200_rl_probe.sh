@@ -5,6 +5,7 @@
 # $OUT/rl.tgz (results/h200/{pretrain,rl} without checkpoints and state) and the logs.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the outputs}
+export MINITE_COMMIT=${MINITE_COMMIT:?pass MINITE_COMMIT=$(git rev-parse --short HEAD) from the checkout: the device copy's git metadata is not the commit that runs}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=results/h200
 sec() { python3 -c "import json, sys, yaml; c = yaml.safe_load(open('experiments/h200.yaml')); s = c.get('$1', {}); s.pop('runs', None); s.update(json.loads(sys.argv[1])); print(json.dumps(s))" "${2:-{\}}"; }
