@@ -8,9 +8,8 @@ Data above the calibrated amax saturates at run time — part of the execution g
 
 The pad rule: pads never enter an amax. A batch is `{"input_ids", "attention_mask"}` (1 = real token); each GEMM's
 amax is taken over the rows of real tokens only. For the dense GEMMs a row is a token; for the expert GEMMs
-(tokens sorted by expert) the rows are routed (token, expert) slots, which the router's top-k of this very
-forward maps back to tokens (checked against the expert counts the experts receive: a routing that differs from
-the model's raises rather than mis-masks). Right padding plus causal attention means a real token never attends
+the rows are the routed slots of the padded MoE layout (nn/moe_layout.py), whose `src` names each row's token
+(layout pad rows are zeros and name none). Right padding plus causal attention means a real token never attends
 to a pad, so the scales do not depend on which sequences share a batch — up to the bf16 GEMM's batch
 (in)variance, which is why every stage builds its batches with `calibration_batches` (one batch size, one
 order): the same checkpoint and the same sequences give bit-identical scales in RL, eval, diagnostics, export and
@@ -22,7 +21,6 @@ from collections.abc import Iterable
 
 import torch
 
-from minite_core.model.qwen3_moe import SparseMoE
 from minite_core.nn import GroupedLinear
 from minite_core.nn.walk import gemm_modules
 from minite_core.profiles import PROFILES
@@ -56,40 +54,24 @@ class _Recorder:
     def __init__(self, model):
         self.amax: dict[str, torch.Tensor] = {}
         self.real: torch.Tensor | None = None  # (B*T,) bool of the current batch
-        self.expert_rows: dict[int, tuple] = {}  # id(Experts) -> ((N*K,) bool real slots, (E,) counts), this forward
-        self.experts = [m.experts for m in model.modules() if isinstance(m, SparseMoE)]
-        self.handles = []
-        for name, m in gemm_modules(model, linear_only=True):
-            self.handles.append(m.register_forward_pre_hook(self._gemm_hook(name, m)))
-        for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
-            self.handles.append(moe.gate.register_forward_hook(self._route_hook(moe)))
+        self.handles = [m.register_forward_pre_hook(self._hook(name))
+                        for name, m in gemm_modules(model, linear_only=True)]
 
-    def _route_hook(self, moe: SparseMoE):
-        def hook(module, args, logits):
-            # the router's own top-k (SparseMoE.route: fp32 softmax, topk) -> sorted-slot order of SparseMoE.forward
-            top_idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), moe.top_k, dim=-1).indices
-            flat = top_idx.reshape(-1)  # (N*K,)
-            order = torch.argsort(flat, stable=True)
-            self.expert_rows[id(moe.experts)] = (self.real[order // moe.top_k],
-                                                 torch.bincount(flat, minlength=moe.num_experts))
-        return hook
+    def _rows(self, name: str, mod, args) -> torch.Tensor:
+        """(rows,) bool: which input rows of this GEMM call come from real tokens."""
+        if isinstance(mod, GroupedLinear):  # rows of the padded sorted MoE layout -> their source token
+            layout = args[1]
+            live = layout.src < self.real.numel()  # layout pad rows (zeros) read no token
+            keep = torch.zeros_like(live)
+            keep[live] = self.real[layout.src[live]]
+            return keep
+        return self.real
 
-    def _gemm_hook(self, name: str, module):
-        parent = None
-
+    def _hook(self, name: str):
         def hook(mod, args):
-            nonlocal parent
             x = args[0].detach()
             rows = x.reshape(-1, x.shape[-1])  # (rows, K)
-            if isinstance(mod, GroupedLinear):
-                if parent is None:
-                    parent = next(p for p in self.experts if mod in (p.gate_up, p.down))
-                keep, counts = self.expert_rows[id(parent)]
-                if not torch.equal(counts.to(args[1].device), args[1]):
-                    raise RuntimeError(f"calibrate: {name} received expert counts that differ from the router's "
-                                       "top-k (a routing override is active?); cannot map rows to tokens")
-            else:
-                keep = self.real
+            keep = self._rows(name, mod, args)
             if keep.numel() != rows.shape[0]:
                 raise RuntimeError(f"calibrate: {name} saw {rows.shape[0]} rows for {keep.numel()} token slots")
             if bool(keep.any()):  # sync point: once per GEMM per calibration batch (not a hot path)
