@@ -213,9 +213,9 @@ def test_stochastic_rounding_needs_a_generator_or_seed():
     x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="generator.*seed"):
         quantize(x, rounding="sr")
-    by_seed = quantize(x, rounding="sr", seed=7)
-    by_gen = quantize(x, rounding="sr", generator=torch.Generator().manual_seed(7))
-    assert torch.equal(by_seed.data, by_gen.data)
+    assert torch.equal(quantize(x, rounding="sr", seed=7).data, quantize(x, rounding="sr", seed=7).data)
+    g = quantize(x, rounding="sr", generator=torch.Generator().manual_seed(7))
+    assert torch.equal(g.data, quantize(x, rounding="sr", generator=torch.Generator().manual_seed(7)).data)
 
 
 def test_float64_inside_fp32_range_is_fine():

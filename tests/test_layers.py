@@ -126,13 +126,22 @@ def _without_triton_env(tmp_path) -> dict:
     return env
 
 
+def _is_triton_kernel_file(path: Path) -> bool:
+    """A file of kernels/ that imports triton at module level: a Triton kernel file, imported only when the
+    triton / native backend is chosen (kernels/dispatch.py imports it lazily)."""
+    if path.parent.name != "kernels":
+        return False
+    tree = ast.parse(path.read_text())
+    return any(isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+        (a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0] == "triton" for a in n.names)
+        for n in tree.body)
+
+
 def test_cpu_path_imports_without_triton(tmp_path):
     """Issue 14 item 1: nothing on the CPU path imports triton. Every minite_core module except the Triton kernel
-    files themselves must import with triton unimportable (kernels/dispatch.py imports them only when a Triton
-    backend is chosen), and `snakemake -n` must parse the DAG."""
-    kernel_files = {f"minite_core.kernels.{name}" for name in ("gemm", "grouped", "quantize", "quantize_cols", "decode")}
-    modules = sorted(_module_name(p) for p in PACKAGE.rglob("*.py"))
-    modules = [m for m in modules if m not in kernel_files]
+    files themselves must import with triton unimportable, and `snakemake -n` must parse the DAG. (Not xfailed,
+    ever: while it fails, the README's main command is broken on a fresh machine, which installs no triton.)"""
+    modules = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if not _is_triton_kernel_file(p))
     code = textwrap.dedent(f"""
         import importlib, sys
         failed = []

@@ -16,32 +16,18 @@ import argparse
 import csv
 import json
 import os
-import statistics
-import subprocess
 
 import torch
 import torch.nn.functional as F
 
-
-def _pct(ts, p):
-    ts = sorted(ts)
-    return ts[min(len(ts) - 1, int(round(p / 100 * (len(ts) - 1))))]
+from minite_core.bench.timing import bench
+from minite_core.results import env_info
 
 
 def time_fn(fn, reps=30, warmup=5):
-    """Median, p20, p80 in ms of fn() with CUDA events (one pair per call)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts), _pct(ts, 20), _pct(ts, 80)
+    """Median, p20, p80 in ms of fn() with CUDA events (one pair per call): bench.timing.bench."""
+    st = bench(fn, warmup=warmup, reps=reps, device="cuda")
+    return st.median_ms, st.p20_ms, st.p80_ms
 
 
 def time_graph(fns, reps=20, warmup=3):
@@ -292,14 +278,8 @@ def bench_decode(rec, reps=20, sweep=False):
 def _env(commit):
     import triton
 
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = os.environ.get("MINITE_COMMIT", "unknown")
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": commit}
+    env = {**env_info(), "gpu": torch.cuda.get_device_name(), "triton": triton.__version__}
+    return {**env, "commit": commit} if commit is not None else env
 
 
 def main(argv=None):

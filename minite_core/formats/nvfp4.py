@@ -59,18 +59,73 @@ class NVFP4Tensor:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scale, self.global_scale))
 
 
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # real floating inputs
+
+
+def _validate_block(block) -> tuple[int, int]:
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in block)
+            or tuple(block) not in ((1, BLOCK), (BLOCK, BLOCK))):
+        raise ValueError(f"block must be (1, 16) or (16, 16), got {block!r}")
+    return tuple(block)
+
+
+def _validate_options(scale_mode: str, math: str, rounding: str, generator, seed) -> None:
+    if scale_mode not in ("tensor", "row"):
+        raise ValueError(f"scale_mode must be 'tensor' or 'row', got {scale_mode!r}")
+    if math not in ("exact", "fast"):
+        raise ValueError(f"math must be 'exact' or 'fast', got {math!r}")
+    if rounding not in ("rne", "sr"):
+        raise ValueError(f"rounding must be 'rne' or 'sr', got {rounding!r}")
+    if rounding == "sr" and generator is None and seed is None:
+        raise ValueError("rounding='sr' needs a torch.Generator (generator=) or an integer seed (seed=): "
+                         "stochastic rounding never draws from torch's global RNG")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+
+
 def _validate(x: torch.Tensor, block: tuple[int, int], check: bool) -> None:
+    """DESIGN.md's input contract: a real floating [M, K] tensor, K % 16 == 0 (M % 16 == 0 for 16x16 blocks),
+    not empty; with `check`, finite and inside fp32's range (the scales are fp32; the hot path passes check=False
+    and skips the two checks that need a device sync)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"NVFP4 quantize expects a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INPUT_DTYPES:
+        raise ValueError(f"NVFP4 quantize takes a real floating tensor ({', '.join(map(str, _INPUT_DTYPES))}), "
+                         f"got {x.dtype} of shape {tuple(x.shape)}")
     if x.ndim != 2:
         raise ValueError(f"NVFP4 quantize expects a 2D [M, K] tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
+    if m == 0 or k == 0:
+        raise ValueError(f"NVFP4 quantize got an empty tensor of shape {tuple(x.shape)} (nothing to quantize)")
     if k % BLOCK:
         raise ValueError(f"NVFP4 needs K (last dim) to be a multiple of 16, got shape {tuple(x.shape)}")
     if block == (BLOCK, BLOCK) and m % BLOCK:
         raise ValueError(f"16x16 (2D) blocks need M (rows) to be a multiple of 16, got shape {tuple(x.shape)}")
-    if block not in ((1, BLOCK), (BLOCK, BLOCK)):
-        raise ValueError(f"block must be (1, 16) or (16, 16), got {block}")
-    if check and not torch.isfinite(x).all():
-        raise ValueError(f"NVFP4 quantize got non-finite input (inf/NaN) in tensor of shape {tuple(x.shape)}")
+    if check:
+        if not torch.isfinite(x).all():
+            raise ValueError(f"NVFP4 quantize got non-finite input (inf/NaN) in tensor of shape {tuple(x.shape)}")
+        if x.dtype == torch.float64 and bool((x.abs() > FLT_MAX).any()):
+            raise ValueError(f"NVFP4 quantize got float64 values beyond fp32's range (max |x| = "
+                             f"{float(x.abs().max()):.3g} > {FLT_MAX:.3g}) in tensor of shape {tuple(x.shape)}: "
+                             "the global scale is fp32, scale the input first")
+
+
+def _validate_nvfp4(t) -> None:
+    """dequantize's input: an NVFP4Tensor whose parts have the layout `quantize` returns."""
+    if not isinstance(t, NVFP4Tensor):
+        raise ValueError(f"dequantize expects an NVFP4Tensor, got {type(t).__name__}")
+    if t.data.dtype != torch.uint8 or t.data.ndim != 2 or t.data.shape[1] == 0:
+        raise ValueError(f"NVFP4Tensor.data must be uint8 [M, K/2], got {t.data.dtype} {tuple(t.data.shape)}")
+    m, k = t.shape
+    if t.scale.dtype != torch.float8_e4m3fn or tuple(t.scale.shape) != (m, k // BLOCK) or k % BLOCK:
+        raise ValueError(f"NVFP4Tensor.scale must be float8_e4m3fn [{m}, {k // BLOCK}] for data {tuple(t.data.shape)}, "
+                         f"got {t.scale.dtype} {tuple(t.scale.shape)}")
+    if t.global_scale.dtype != torch.float32 or tuple(t.global_scale.shape) not in ((), (m, 1)):
+        raise ValueError(f"NVFP4Tensor.global_scale must be float32 [] or [{m}, 1], got "
+                         f"{t.global_scale.dtype} {tuple(t.global_scale.shape)}")
 
 
 def _div(num: float, den: torch.Tensor) -> torch.Tensor:
@@ -89,7 +144,13 @@ def _amax(x_fp32: torch.Tensor, scale_mode: str, amax, check: bool = True) -> to
     m = x_fp32.shape[0]
     if amax is None:  # dynamic
         return x_fp32.abs().amax() if scale_mode == "tensor" else x_fp32.abs().amax(dim=1, keepdim=True)
-    amax = torch.as_tensor(amax, dtype=torch.float32, device=x_fp32.device)
+    if isinstance(amax, torch.Tensor) and (amax.is_complex() or not amax.is_floating_point()
+                                           and amax.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"static amax must be a real number, got a {amax.dtype} tensor")
+    try:
+        amax = torch.as_tensor(amax, dtype=torch.float32, device=x_fp32.device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"static amax must be a real number or tensor, got {amax!r} ({e})") from None
     if check and (not torch.isfinite(amax).all() or (amax < 0).any()):  # value checks sync with the host
         raise ValueError(f"static amax must be finite and >= 0, got {amax}")
     if scale_mode == "tensor":
@@ -122,18 +183,14 @@ def quantize(
     seed: int | None = None,
     check: bool = True,
 ) -> NVFP4Tensor:
-    """Quantize x [M, K] (fp32 or bf16) to NVFP4 with DESIGN.md's arithmetic; see the module docstring.
+    """Quantize x [M, K] (fp32, bf16, fp16, or fp64 inside fp32's range) to NVFP4 with DESIGN.md's arithmetic;
+    see the module docstring. Inputs outside that contract raise ValueError with the reason.
     rounding="sr" draws one uniform per element from `generator`, or — with `seed` — from the counter-based
     Philox stream `philox.uniform_grid(seed, r, c)` that the Triton kernels draw (bit-identical; the counter is
     built from (row, column), so a draw does not depend on the row length)."""
-    block = tuple(block)
+    block = _validate_block(block)
     _validate(x, block, check)
-    if scale_mode not in ("tensor", "row"):
-        raise ValueError(f"scale_mode must be 'tensor' or 'row', got {scale_mode!r}")
-    if math not in ("exact", "fast"):
-        raise ValueError(f"math must be 'exact' or 'fast', got {math!r}")
-    if rounding not in ("rne", "sr"):
-        raise ValueError(f"rounding must be 'rne' or 'sr', got {rounding!r}")
+    _validate_options(scale_mode, math, rounding, generator, seed)
     m, k = x.shape
     x_fp32 = x.float()
 
@@ -164,6 +221,7 @@ def quantize(
 
 def dequantize_unscaled(t: NVFP4Tensor) -> torch.Tensor:
     """e2m1(q) · sf, without the global scale: exact in bf16 (≤ 5 significant bits), fp32 [M, K]."""
+    _validate_nvfp4(t)
     m, k = t.shape
     vals = e2m1_decode(unpack_fp4(t.data)).view(m, k // BLOCK, BLOCK)
     return (vals * t.scale.float().unsqueeze(-1)).view(m, k)

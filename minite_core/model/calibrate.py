@@ -8,9 +8,8 @@ Data above the calibrated amax saturates at run time — part of the execution g
 
 The pad rule: pads never enter an amax. A batch is `{"input_ids", "attention_mask"}` (1 = real token); each GEMM's
 amax is taken over the rows of real tokens only. For the dense GEMMs a row is a token; for the expert GEMMs
-(tokens sorted by expert) the rows are routed (token, expert) slots, which the router's top-k of this very
-forward maps back to tokens (checked against the expert counts the experts receive: a routing that differs from
-the model's raises rather than mis-masks). Right padding plus causal attention means a real token never attends
+the rows are the routed slots of the padded MoE layout (nn/moe_layout.py), whose `src` names each row's token
+(layout pad rows are zeros and name none). Right padding plus causal attention means a real token never attends
 to a pad, so the scales do not depend on which sequences share a batch — up to the bf16 GEMM's batch
 (in)variance, which is why every stage builds its batches with `calibration_batches` (one batch size, one
 order): the same checkpoint and the same sequences give bit-identical scales in RL, eval, diagnostics, export and
@@ -55,19 +54,24 @@ class _Recorder:
     def __init__(self, model):
         self.amax: dict[str, torch.Tensor] = {}
         self.real: torch.Tensor | None = None  # (B*T,) bool of the current batch
-        self.handles = []
-        for name, m in gemm_modules(model, linear_only=True):
-            self.handles.append(m.register_forward_pre_hook(self._gemm_hook(name, m)))
+        self.handles = [m.register_forward_pre_hook(self._hook(name))
+                        for name, m in gemm_modules(model, linear_only=True)]
 
-    def _gemm_hook(self, name: str, module):
+    def _rows(self, name: str, mod, args) -> torch.Tensor:
+        """(rows,) bool: which input rows of this GEMM call come from real tokens."""
+        if isinstance(mod, GroupedLinear):  # rows of the padded sorted MoE layout -> their source token
+            layout = args[1]
+            live = layout.src < self.real.numel()  # layout pad rows (zeros) read no token
+            keep = torch.zeros_like(live)
+            keep[live] = self.real[layout.src[live]]
+            return keep
+        return self.real
+
+    def _hook(self, name: str):
         def hook(mod, args):
             x = args[0].detach()
             rows = x.reshape(-1, x.shape[-1])  # (rows, K)
-            if isinstance(mod, GroupedLinear):  # rows of the padded sorted layout: pad rows read no token
-                src, n = args[1].src, self.real.numel()
-                keep = (src < n) & self.real[src.clamp(max=n - 1)]
-            else:
-                keep = self.real
+            keep = self._rows(name, mod, args)
             if keep.numel() != rows.shape[0]:
                 raise RuntimeError(f"calibrate: {name} saw {rows.shape[0]} rows for {keep.numel()} token slots")
             if bool(keep.any()):  # sync point: once per GEMM per calibration batch (not a hot path)

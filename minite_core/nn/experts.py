@@ -56,13 +56,14 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
 def _bf16_weight(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
     """weight (E, N, K) as bf16, cast once per weight version (cleared after optimizer steps, see nn.linear)."""
     version = (weight._version, weight.data_ptr())
-    hit = cache.get("bf16") if cache is not None else None
+    key = ("bf16", torch.is_inference_mode_enabled())  # an inference tensor cannot be saved for backward
+    hit = cache.get(key) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
     with cache_context():
         w = weight.detach().to(torch.bfloat16)
     if cache is not None:
-        cache["bf16"] = (version, w)
+        cache[key] = (version, w)
     return w
 
 

@@ -124,13 +124,14 @@ def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -
     if weight.dtype == dtype:
         return weight
     version = (weight._version, weight.data_ptr())
-    hit = cache.get(("cast", dtype)) if cache is not None else None
+    key = ("cast", dtype, torch.is_inference_mode_enabled())  # an inference tensor cannot be saved for backward
+    hit = cache.get(key) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
     with cache_context():
         w = weight.detach().to(dtype)
     if cache is not None:
-        cache[("cast", dtype)] = (version, w)
+        cache[key] = (version, w)
     return w
 
 
