@@ -237,12 +237,16 @@ def quantize_triton(
     rht: bool = False,
     emit_dq: bool = False,
     check: bool = True,
+    four_over_six: str = "off",
     block_m: int = BLOCK_M_DEFAULT,
     block_k: int = BLOCK_K_DEFAULT,
     num_warps: int = NUM_WARPS_DEFAULT,
 ) -> tuple[ref.NVFP4Tensor, torch.Tensor | None]:
     """Launcher. Returns (NVFP4Tensor, bf16 e2m1(q)*sf [M, K] or None). Same arguments as the reference's
     `quantize` except `seed` (Philox, for rounding="sr") replaces `generator`, plus `rht` / `emit_dq`."""
+    if four_over_six != "off":
+        raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
+                                  "MINITE_KERNELS=reference (formats/four_over_six.py)")
     block = tuple(block)
     ref._validate(x, block, check)  # same ValueErrors as the reference (shape, K % 16, non-finite)
     if scale_mode not in ("tensor", "row") or math not in ("exact", "fast") or rounding not in ("rne", "sr"):
@@ -277,10 +281,19 @@ def quantize_triton(
 
 
 def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, rounding="rne", math="exact",
-                       seed=None, rht=False, emit_dq=False, check=True, **_tiles):
-    """The plain torch reference behind the same signature (`formats`): RHT pre-pass, then `nvfp4.quantize`."""
+                       seed=None, rht=False, emit_dq=False, check=True, four_over_six="off", **_tiles):
+    """The plain torch reference behind the same signature (`formats`): RHT pre-pass, then `nvfp4.quantize`
+    (or `four_over_six.quantize_4over6` when four_over_six is "mae" / "mse")."""
     from minite_core.formats.rht import rht as rht_fn
 
+    if four_over_six != "off":
+        from minite_core.formats.four_over_six import quantize_4over6
+
+        if rounding != "rne" or math != "exact" or rht:
+            raise ValueError(f"4over6 needs rounding='rne', math='exact' and no RHT, got rounding={rounding!r} "
+                             f"math={math!r} rht={rht} (TE 2.20 refuses the same combinations)")
+        t = quantize_4over6(x, block=block, scale_mode=scale_mode, amax=amax, err_mode=four_over_six, check=check)
+        return t, (ref.dequantize_unscaled(t).to(torch.bfloat16) if emit_dq else None)
     gen = None
     if rounding == "sr":
         if seed is None:

@@ -21,6 +21,7 @@ PAIR_LABELS = {
     "te-nvfp4:vllm-marlin-w4a16": "naive Hopper stack (TE-NVFP4 ↔ vLLM Marlin W4A16)",
     "minite:minite": "miniTE ↔ miniTE (aligned)",
     "minite-fp32attn:minite-fp32attn": "miniTE + fp32 attention (aligned)",
+    "minite-4over6:minite-4over6": "miniTE + TE's 4over6 block scales (aligned)",
 }
 HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 
