@@ -1,0 +1,184 @@
+"""Transformer Engine as a peer learner (engines/te_learner.py, engines/te_compare.py).
+
+CPU (always): the adapter's plumbing against a stand-in with TE's API shape (tests/fake_te.py, plain-torch bf16
+GEMMs = our bf16 QuantLinear's): every decoder GEMM swapped for a TE module under the same name, router and LM head
+kept, the weights copied (or shared), rows padded to 32, experts without tokens skipped (per-expert) or padded
+(grouped), log-probs of the TE copy equal to ours bit for bit, a full update step.
+GPU (`-m gpu`, real TE; skipped with the reason otherwise): TE's NVFP4QuantizerRef vs our formats on CUDA bit for
+bit, one te.Linear per mode vs our QuantLinear and vs TE's dataflow in our formats, end-to-end log-probs, and a
+full update step in every mode (bf16, FP8 current / blockwise where the GPU has them, NVFP4 reference).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from minite_core.engines import te_learner
+from minite_core.engines.learner import Learner
+from minite_core.model import PRESETS, CausalLM
+from minite_core.nn import GroupedLinear, QuantLinear
+from tests import fake_te
+
+TE_OK, TE_REASON = te_learner.available()
+needs_te = pytest.mark.skipif(not TE_OK, reason=TE_REASON)
+
+
+# ---------------------------------------------------------------- CPU: plumbing against the stand-in
+@pytest.fixture
+def fake(monkeypatch):
+    for name, module in fake_te.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(te_learner, "require", lambda: None)
+    monkeypatch.setattr(te_learner, "_require_cuda_model", lambda model: None)
+    monkeypatch.setattr(te_learner, "_RECIPES", {})
+    fake_te.ACTIVE_RECIPES.clear()
+    return fake_te
+
+
+def _model(seed=0):
+    return CausalLM(PRESETS["tiny-moe"]).init_weights(seed, std=0.2)  # MoE, dense (layer 1), MoE layers
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 64, (n,), generator=g).tolist() for n in (5, 9, 3)]
+    responses = [torch.randint(4, 64, (n,), generator=g).tolist() for n in (7, 2, 12)]
+    return prompts, responses
+
+
+@pytest.mark.parametrize("experts", ["per-expert", "grouped"])
+def test_te_copy_matches_our_bf16_learner(fake, experts):
+    model = _model()
+    te_model = te_learner.build_te_model(model, "bf16", experts=experts)
+    ours = {n for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.role == "linear"}
+    assert ours == {n for n, m in te_model.named_modules() if isinstance(m, te_learner.TELinear)
+                    and not n.split(".")[-1].isdigit()}  # same names (per-expert TELinears are children)
+    grouped = {n for n, m in model.named_modules() if isinstance(m, GroupedLinear)}
+    assert grouped == {n for n, m in te_model.named_modules() if isinstance(m, te_learner.TEExperts)}
+    kept = {n for n, m in te_model.named_modules() if isinstance(m, QuantLinear)}
+    assert kept == {"lm_head"} | {n for n in kept if n.endswith("mlp.gate")} and len(kept) == 3  # router x2 + head
+    p, r = _batch()
+    lp_ours, _, mask = Learner(model, "bf16").logprobs(p, r)
+    lp_te, _, mask_te = te_learner.TELearner(model, "bf16", experts=experts).logprobs(p, r)
+    assert torch.equal(mask, mask_te) and torch.equal(lp_ours, lp_te)
+
+
+def test_empty_experts_and_quantized_grouped_padding(fake):
+    src = GroupedLinear(4, 32, 48)
+    torch.nn.init.normal_(src.weight)
+    x = torch.randn(40, 32).bfloat16()
+    counts = torch.tensor([0, 17, 0, 23])
+    ref = torch.cat([torch.nn.functional.linear(c, src.weight[e].bfloat16())
+                     for e, c in enumerate(x.split(counts.tolist())) if c.shape[0]])
+    for mode, path in (("bf16", "per-expert"), ("bf16", "grouped"), ("fp8-current", "grouped")):
+        out = te_learner.TEExperts(src, te_learner.get_mode(mode), experts=path)(x, counts)
+        assert torch.equal(out, ref), (mode, path)
+    assert [type(r).__name__ for r in fake.ACTIVE_RECIPES] == ["Float8CurrentScaling"]
+    with pytest.raises(ValueError, match="per-expert"):
+        te_learner.TEExperts(src, te_learner.get_mode("nvfp4"), experts="grouped")
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_update_step_copy_or_share(fake, share):
+    model = _model(1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    te_model = te_learner.build_te_model(model, "bf16", share_weights=share)
+    opt = torch.optim.SGD(te_model.parameters(), lr=0.5)
+    ids = torch.randint(4, 64, (2, 17), generator=torch.Generator().manual_seed(2))
+    loss = te_learner.te_train_step(te_model, opt, ids[:, :-1], ids[:, 1:])
+    assert math.isfinite(loss.item())
+    q = "model.layers.0.self_attn.q_proj"
+    moved = not torch.equal(te_model.get_submodule(q).weight.detach(), before[q + ".weight"])
+    assert moved and all(p.grad is None for p in te_model.parameters())
+    same = all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+    assert same != share  # copy: the original is untouched; shared: it moved with the TE copy
+    if share:
+        e = "model.layers.0.mlp.experts.gate_up"
+        assert torch.equal(te_model.get_submodule(e).experts[1].weight.detach(),
+                           model.get_submodule(e).weight.detach()[1])
+
+
+def test_modes_and_errors():
+    assert set(te_learner.MODES) == {"bf16", "fp8-current", "fp8-block", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6"}
+    nv = te_learner.MODES["nvfp4"].emulated_by
+    assert nv.weight.block == (16, 16) and nv.grad.rounding == "rne" and nv.wgrad_rht  # TE ref: no SR
+    assert te_learner.MODES["nvfp4-rowscaled"].emulated_by.activation.scale_mode == "row"
+    with pytest.raises(ValueError, match="unknown TE mode"):
+        te_learner.get_mode("fp4")
+    if not TE_OK:
+        with pytest.raises(RuntimeError, match="unavailable"):
+            te_learner.build_te_model(_model(), "bf16")
+
+
+# ---------------------------------------------------------------- GPU: the real Transformer Engine
+@pytest.mark.gpu
+@needs_te
+@pytest.mark.parametrize("mode", ["bf16", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6", "fp8-current", "fp8-block"])
+def test_gpu_gemm_agreement(mode):
+    from minite_core.engines.te_compare import compare_gemm
+
+    ok, why = te_learner.mode_available(mode)
+    if not ok:
+        pytest.skip(why)
+    r = compare_gemm(mode, 256, 512, 384)
+    key = f"gemm/{mode}/256x512x384"
+    for out in ("fprop", "dgrad", "wgrad"):
+        q = r[f"{key}/{out}/quant_rel"]
+        assert math.isfinite(q) and q < (0.01 if mode == "bf16" else 0.25), (out, q)
+        if mode.startswith("nvfp4"):  # TE's dataflow in our formats = TE up to GEMM rounding
+            assert r[f"{key}/{out}/dataflow/rel"] < 1e-3 and r[f"{key}/{out}/dataflow/eq_bf16"] > 0.99, out
+        if out != "wgrad" and f"{key}/{out}/ours/rel" in r:  # same quantizers: GEMM rounding only
+            assert r[f"{key}/{out}/ours/rel"] < (1e-2 if mode == "bf16" else 1e-3), (out, r[f"{key}/{out}/ours/rel"])
+
+
+@pytest.mark.gpu
+@needs_te
+def test_gpu_quantizers_bit_exact():
+    from minite_core.engines.te_compare import compare_quantizers
+
+    r = compare_quantizers()
+    for key, v in r.items():
+        if "rht_wgrad_fp32" not in key:
+            assert v == 1.0, (key, v)
+
+
+def _gpu_model(layers=2):
+    from minite_core.engines.te_compare import H200_RL_MODEL
+
+    return CausalLM(H200_RL_MODEL.replace(num_hidden_layers=layers)).init_weights(0, std=0.1).cuda()
+
+
+@pytest.mark.gpu
+@needs_te
+def test_gpu_e2e_logprobs():
+    from minite_core.engines.te_compare import compare_e2e, task_batch
+
+    modes = tuple(m for m in te_learner.MODES if te_learner.mode_available(m)[0])
+    r = compare_e2e(_gpu_model(), *task_batch(8, 0), modes=modes)
+    assert r["e2e/bf16/ours-vs-te/max_abs_delta"] < 0.5  # the floor: both bf16
+    for mode in modes[1:]:
+        assert math.isfinite(r[f"e2e/{mode}/te-vs-te-bf16/k3"]), mode
+        if te_learner.MODES[mode].emulated_by is not None:
+            assert math.isfinite(r[f"e2e/{mode}/ours-vs-te/k3"]), mode
+
+
+@pytest.mark.gpu
+@needs_te
+@pytest.mark.parametrize("mode", list(te_learner.MODES))
+def test_gpu_update_step(mode):
+    ok, why = te_learner.mode_available(mode)
+    if not ok:
+        pytest.skip(why)
+    te_model = te_learner.build_te_model(_gpu_model(), mode)
+    opt = torch.optim.AdamW(te_model.parameters(), lr=1e-3)
+    ids = torch.randint(4, 64, (2, 65), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    q = te_model.model.layers[0].self_attn.q_proj.weight
+    experts = [m.weight for m in te_model.model.layers[0].mlp.experts.down.experts]
+    before = [w.detach().clone() for w in [q] + experts]
+    loss = te_learner.te_train_step(te_model, opt, ids[:, :-1], ids[:, 1:])
+    assert math.isfinite(loss.item())
+    moved = [not torch.equal(b, w.detach()) for b, w in zip(before, [q] + experts)]
+    assert moved[0] and any(moved[1:])  # experts that got no token keep their weights
