@@ -63,6 +63,7 @@ def modules() -> dict[str, types.ModuleType]:
     pkg, pt, common, recipe = (types.ModuleType(n) for n in names)
     pkg.__version__, pkg.pytorch, pkg.common, common.recipe = "2.20.2", pt, common, recipe
     pt.Linear, pt.GroupedLinear, pt.autocast = Linear, GroupedLinear, autocast
+    pt.is_fp8_available = pt.is_fp8_block_scaling_available = lambda return_reason=False: (False, "stand-in: no FP8")
     for name in ("Float8CurrentScaling", "Float8BlockScaling", "CustomRecipe"):
         setattr(recipe, name, type(name, (_Recipe,), {}))
     return dict(zip(names, (pkg, pt, common, recipe)))

@@ -10,6 +10,7 @@ full update step in every mode (bf16, FP8 current / blockwise where the GPU has 
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -20,17 +21,26 @@ from minite_core.engines import te_learner
 from minite_core.engines.learner import Learner
 from minite_core.model import PRESETS, CausalLM
 from minite_core.nn import GroupedLinear, QuantLinear
-from tests import fake_te
+from tests import fake_te, te_reference
 
 TE_OK, TE_REASON = te_learner.available()
 needs_te = pytest.mark.skipif(not TE_OK, reason=TE_REASON)
 
 
 # ---------------------------------------------------------------- CPU: plumbing against the stand-in
+REF_OK, REF_REASON = te_reference.available()
+
+
 @pytest.fixture
 def fake(monkeypatch):
+    """The stand-in TE; with TE's real reference quantizer module under custom_recipes when .te/ has it."""
     for name, module in fake_te.modules().items():
         monkeypatch.setitem(sys.modules, name, module)
+    if REF_OK:
+        ref, pkg = te_reference.load(), "transformer_engine.pytorch.custom_recipes"
+        monkeypatch.setitem(sys.modules, pkg, type(sys)(pkg))
+        monkeypatch.setitem(sys.modules, f"{pkg}.reference_nvfp4", ref)
+        monkeypatch.setitem(sys.modules, f"{pkg}.reference_utils", ref.reference_utils)
     monkeypatch.setattr(te_learner, "require", lambda: None)
     monkeypatch.setattr(te_learner, "_require_cuda_model", lambda model: None)
     monkeypatch.setattr(te_learner, "_RECIPES", {})
@@ -99,6 +109,52 @@ def test_update_step_copy_or_share(fake, share):
         e = "model.layers.0.mlp.experts.gate_up"
         assert torch.equal(te_model.get_submodule(e).experts[1].weight.detach(),
                            model.get_submodule(e).weight.detach()[1])
+
+
+@pytest.mark.skipif(not REF_OK, reason=REF_REASON)
+def test_compare_helpers_run_on_the_stand_in(fake):
+    """te_compare's GEMM and end-to-end helpers end to end on CPU (values from the stand-in's bf16 GEMMs: only
+    the bf16 rows mean something here, and they must agree exactly)."""
+    from minite_core.engines.te_compare import _summary, compare_e2e, compare_gemm
+
+    r = {}
+    for mode in ("bf16", "nvfp4", "nvfp4-rowscaled"):
+        r.update(compare_gemm(mode, 64, 128, 96, device="cpu"))
+    for out in ("fprop", "dgrad", "wgrad"):
+        assert r[f"gemm/bf16/64x128x96/{out}/ours/eq_bf16"] == 1.0
+        assert all(f"gemm/nvfp4/64x128x96/{out}/{sut}/rel" in r for sut in ("ours", "dataflow"))
+    assert all(math.isfinite(v) for v in r.values())
+    p, resp = _batch()
+    e2e = compare_e2e(_model(), p, resp, modes=("bf16", "nvfp4"))
+    assert e2e["e2e/bf16/ours-vs-te/max_abs_delta"] == 0.0 and "e2e/nvfp4/te-vs-te-bf16/k3" in e2e
+    md = _summary({**r, **e2e}, {"grouped/bf16/all-experts": "ok"})
+    assert "| nvfp4/64x128x96 | wgrad |" in md and "| bf16/ours-vs-te |" in md and "all-experts`: ok" in md
+
+
+@pytest.mark.skipif(not REF_OK, reason=REF_REASON)
+def test_compare_quantizers_with_te_reference_on_cpu(fake):
+    """te_compare.compare_quantizers (what the H200 run reports) on CPU, with TE's real reference module."""
+    from minite_core.engines.te_compare import compare_quantizers
+
+    r = compare_quantizers(m=64, k=128, device="cpu")
+    assert {k: v for k, v in r.items() if "rht_wgrad_fp32" not in k and v != 1.0} == {}
+    assert min(v for k, v in r.items() if "rht_wgrad_fp32" in k) < 1.0  # the pinned bf16-RHT difference
+
+
+@pytest.mark.skipif(not REF_OK, reason=REF_REASON)
+def test_cli_run_writes_te_v1_json(fake, monkeypatch, tmp_path):
+    """The command the lead runs on the H200, on CPU against the stand-in: it completes and writes the contract."""
+    from minite_core.engines import te_compare
+
+    monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
+    monkeypatch.setattr(te_compare, "GEMM_SHAPES", ((64, 128, 96),))
+    monkeypatch.setattr(te_compare, "H200_RL_MODEL", PRESETS["tiny-moe"].replace(hidden_size=64, head_dim=16))
+    assert te_compare.main(["run", "--out", str(tmp_path), "--device", "cpu", "--skip-probe", "--prompts", "3"]) == 0
+    res = json.loads((tmp_path / "agreement.json").read_text())
+    assert res["schema"] == "te/v1" and res["experiment"] == "h200" and {"gpu", "torch", "commit"} <= set(res["env"])
+    assert set(res["errors"]) == {"mode/fp8-current", "mode/fp8-block"}  # the stand-in has no FP8
+    assert "gemm/nvfp4-4over6/64x128x96/wgrad/dataflow/rel" in res["metrics"]
+    assert "e2e/nvfp4-rowscaled/ours-vs-te/k3" in res["metrics"] and (tmp_path / "summary.md").exists()
 
 
 def test_modes_and_errors():

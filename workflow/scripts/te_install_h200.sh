@@ -126,7 +126,10 @@ if [ -z "$built" ]; then
     [ -d "$cuda_home/include" ] || die "no CUDA toolkit found (set CUDA_HOME; tried /usr/local/cuda and nvcc on PATH)"
     echo "te_install: building transformer_engine_torch $VERSION from the sdist (CUDA_HOME=$cuda_home, MAX_JOBS=${MAX_JOBS:-$(nproc)}) ..."
     start=$(date +%s)
-    if ! NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=${MAX_JOBS:-$(nproc)} CUDA_HOME=$cuda_home PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} \
+    # FORCE_BUILD: no attempt to download a prebuilt wheel (setup.py CachedWheelsCommand); NO_LOCAL_VERSION: the
+    # version stays "2.20.2" even if a git repo encloses the build dir (build_tools/te_version.py appends +<sha>,
+    # and TE's import asserts the extension's version equals the core's)
+    if ! NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_NO_LOCAL_VERSION=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} CUDA_HOME=$cuda_home PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} \
         "$PY" -m pip wheel --no-build-isolation --no-deps --no-index --no-cache-dir -w "$STAGE/built" "$sdist" > "$STAGE/build.log" 2>&1; then
         tail -40 "$STAGE/build.log" >&2
         die "building the torch extension failed (log: $STAGE/build.log)"
