@@ -1,4 +1,4 @@
-"""A stand-in for `transformer_engine.pytorch` with the API shape engines/te_learner.py uses (te.Linear,
+"""A stand-in for `transformer_engine.pytorch` with the API shape peers/te_learner.py uses (te.Linear,
 te.GroupedLinear, te.autocast), in plain torch on CPU: bf16 GEMMs exactly as our bf16 QuantLinear computes them.
 It checks the adapter's side of the contract (bf16 inputs, rows padded to a multiple of 32, m_splits on the host)
 so tests/test_te_peer.py can run build_te_model / TELearner / te_train_step without TE or a GPU. It says nothing

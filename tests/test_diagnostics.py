@@ -10,7 +10,7 @@ import torch
 
 from minite_core.diagnostics import attribution as attr
 from minite_core.diagnostics.cli import DEFAULT_PAIRS, main as diagnose_main, parse_pairs
-from minite_core.diagnostics.metrics import (KEYS, mismatch_by_position, mismatch_by_position_ref, mismatch_metrics,
+from minite_core.engines.mismatch import (KEYS, mismatch_by_position, mismatch_by_position_ref, mismatch_metrics,
                                              mismatch_metrics_ref)
 from minite_core.diagnostics.trace import trace_pair
 from minite_core.engines import Sampler

@@ -27,10 +27,15 @@ gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (n
 
 from minite_core.formats import nvfp4 as ref  # noqa: E402
 from minite_core.formats.swizzle import unswizzle_scales  # noqa: E402
+from minite_core.formats.rht import rht as rht_ref  # noqa: E402
 from minite_core.kernels import dispatch, native  # noqa: E402
 from minite_core.kernels import gemm as G  # noqa: E402
-from minite_core.kernels.decode import decode_gemm_reference, decode_gemm_triton  # noqa: E402
-from minite_core.kernels.quantize import quantize_reference, quantize_triton  # noqa: E402
+from minite_core.kernels import grouped as GG  # noqa: E402
+from minite_core.kernels import reference as R  # noqa: E402
+from minite_core.kernels.decode import decode_gemm_triton  # noqa: E402
+from minite_core.kernels.operands import DqOperand  # noqa: E402
+from minite_core.kernels.quantize import block_amax, quantize_triton, row_amax  # noqa: E402
+from minite_core.kernels.reference import decode_gemm_reference, quantize_reference  # noqa: E402
 from minite_core.profiles import Quant  # noqa: E402
 
 TOL = {"gemm_rel": 1e-5}  # fp32 accumulation-order differences on K <= 4096 with exact products
@@ -128,7 +133,7 @@ def _gemm_case(m, n, k, mode_a="row", mode_b="tensor", seed=0):
     b = _input(n, k, torch.float32, seed=seed + 1)
     ta, da = quantize_triton(a, scale_mode=mode_a, emit_dq=True)
     tb, db = quantize_triton(b, scale_mode=mode_b, emit_dq=True)
-    return ta, tb, G.DqOperand(da, ta.global_scale), G.DqOperand(db, tb.global_scale)
+    return ta, tb, DqOperand(da, ta.global_scale), DqOperand(db, tb.global_scale)
 
 
 def _rel(y, yr):
@@ -143,17 +148,86 @@ SMALL = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=1)
 def test_gemm_triton_matches_reference(mode_a, mode_b):
     ta, tb, A, B = _gemm_case(20, 24, 64, mode_a, mode_b)
     y = G.gemm_triton(A, B, torch.float32, config=None if CUDA else dict(SMALL, GROUP_M=2))
-    assert _rel(y, G.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+    assert _rel(y, R.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+
+
+def _experts(n, k, num, seed=10, mode="tensor"):
+    ws = [quantize_triton(_input(n, k, torch.float32, seed=seed + e), scale_mode=mode, emit_dq=True) for e in range(num)]
+    op = DqOperand(torch.stack([d for _, d in ws]), torch.stack([t.global_scale for t, _ in ws]))
+    return [t for t, _ in ws], op
 
 
 @cpu_kernels
 def test_grouped_gemm_triton_matches_reference():
-    ta, _, A, _ = _gemm_case(40, 8, 64)
-    ws = [quantize_triton(_input(24, 64, torch.float32, seed=10 + e), scale_mode="row")[0] for e in range(4)]
-    counts = torch.tensor([5, 0, 20, 15], device=DEV)
-    y = G.grouped_gemm_triton(A, dispatch.dq_experts(ws), counts, torch.float32,
-                              config=None if CUDA else SMALL)
-    assert _rel(y, G.grouped_gemm_reference(ta, ws, counts.cpu())) < TOL["gemm_rel"]
+    ta, _, A, _ = _gemm_case(64, 8, 64)
+    ws, W = _experts(24, 64, 4)
+    offs = torch.tensor([0, 16, 16, 48, 64], device=DEV)  # an empty expert, a two-tile expert
+    y = GG.grouped_gemm(A, W, offs, torch.float32, config=None if CUDA else GG.SMALL)
+    assert _rel(y, R.grouped_gemm_reference(ta, ws, offs.cpu())) < TOL["gemm_rel"]
+
+
+@cpu_kernels
+def test_kgrouped_gemm_matches_per_expert_reference():
+    offs = torch.tensor([0, 32, 32, 48], device=DEV)  # expert 1 empty: its gradient is exactly zero
+    a = _input(24, 48, torch.float32, seed=1)  # (N, Tp) along tokens
+    b = _input(40, 48, torch.float32, seed=2)  # (K, Tp)
+    segs = [(0, 32), (32, 32), (32, 48)]
+    qa = [quantize_reference(a[:, s:t].cpu())[0] if t > s else None for s, t in segs]
+    qb = [quantize_reference(b[:, s:t].cpu())[0] if t > s else None for s, t in segs]
+    va = torch.cat([R.ref.dequantize_unscaled(q) for q in qa if q is not None], 1).to(torch.bfloat16)
+    vb = torch.cat([R.ref.dequantize_unscaled(q) for q in qb if q is not None], 1).to(torch.bfloat16)
+    sa = torch.stack([q.global_scale if q is not None else torch.tensor(1.0) for q in qa])
+    sb = torch.stack([q.global_scale if q is not None else torch.tensor(1.0) for q in qb])
+    c = GG.kgrouped_gemm(va.to(DEV), sa.to(DEV), vb.to(DEV), sb.to(DEV), offs, config=None if CUDA else GG.SMALL_K)
+    assert torch.equal(c[1].cpu(), torch.zeros(24, 40))
+    for e in (0, 2):
+        assert _rel(c[e], R.ref.dequantize(qa[e]) @ R.ref.dequantize(qb[e]).t()) < TOL["gemm_rel"]
+
+
+@cpu_kernels
+def test_dequantize_and_amax_kernels_exact():
+    x = _input(48, 80, torch.float32, seed=4)
+    t, _ = quantize_triton(x)
+    assert torch.equal(GG.dequantize_triton(t).float().cpu(), R.ref.dequantize_unscaled(t).cpu())
+    xt = x.t()  # strided view: the along-token operands are read this way
+    assert torch.equal(row_amax(xt, rht=True).cpu(), rht_ref(xt.contiguous().cpu()).abs().amax(1))
+    assert torch.equal(block_amax(x, rht=True).cpu(), rht_ref(x.cpu()).abs().reshape(48, 5, 16).amax(dim=(0, 2)))
+
+
+@cpu_kernels
+@pytest.mark.parametrize("rht", [False, True])
+def test_quantize_segments_equal_per_segment_reference(rht):
+    """The MoE modes: per-row static amax (per-expert scales), per-16-column-block amax ("col-seg") and per-row /
+    per-column SR streams give exactly the codes of quantizing each segment on its own with its own seed."""
+    x = _input(48, 80, torch.float32, seed=6)
+    seeds = torch.tensor([11, 2**40 + 22, 33], dtype=torch.int64)
+    col_seg = [(0, 32), (32, 48), (48, 80)]  # column segments (tokens of 3 experts), 16-aligned
+    col_e = torch.tensor([0] * 32 + [1] * 16 + [2] * 32)
+    starts = torch.tensor([0, 32, 48])
+    seg_amax = torch.stack([rht_ref(x[:, s:t]).abs().amax() if rht else x[:, s:t].abs().amax() for s, t in col_seg])
+    for sr in (False, True):
+        kw = dict(rounding="sr" if sr else "rne", rht=rht)
+        t, _ = quantize_triton(x.to(DEV), col_amax=seg_amax[col_e[::16]].to(DEV),
+                               seg_seed=(seeds[col_e].to(DEV), (torch.arange(80) - starts[col_e]).to(DEV)) if sr else None,
+                               **kw)
+        parts = [quantize_reference(x[:, s:t_].contiguous(), seed=int(seeds[e]) if sr else None, **kw)[0]
+                 for e, (s, t_) in enumerate(col_seg)]
+        assert torch.equal(t.data.cpu(), torch.cat([p.data for p in parts], 1))
+        assert torch.equal(t.scale.view(torch.uint8).cpu(), torch.cat([p.scale.view(torch.uint8) for p in parts], 1))
+    row_e = torch.tensor([0] * 16 + [1] * 32)
+    amax = torch.stack([x[:16].abs().amax(), x[16:].abs().amax()])
+    t, _ = quantize_triton(x.to(DEV), scale_mode="row", amax=amax[row_e].to(DEV), rounding="sr",
+                           seg_seed=(seeds[row_e].to(DEV), (torch.arange(48) - torch.tensor([0, 16])[row_e]).to(DEV)))
+    parts = [quantize_reference(x[s:e], rounding="sr", seed=int(seeds[i]))[0] for i, (s, e) in enumerate([(0, 16), (16, 48)])]
+    _same(ref.NVFP4Tensor(t.data, t.scale, t.global_scale[:16, 0][0]), ref.NVFP4Tensor(
+        torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts]), parts[0].global_scale))
+
+
+@cpu_kernels
+def test_sr_codes_equal_reference_philox_stream():
+    x = _input(32, 64, torch.bfloat16, seed=8)
+    for seed in (0, 7, 2**47 + 5):
+        _same(quantize_triton(x, rounding="sr", seed=seed)[0], quantize_reference(x.cpu(), rounding="sr", seed=seed)[0])
 
 
 @cpu_kernels
@@ -166,7 +240,7 @@ def test_decode_gemm_matches_reference(m):
     assert _rel(y, decode_gemm_reference(x.cpu(), ref.NVFP4Tensor(tw.data.cpu(), tw.scale.cpu(), tw.global_scale.cpu()))) < TOL["gemm_rel"]
     tx, dx = quantize_triton(x, scale_mode="row", emit_dq=True)  # W4A4
     y = decode_gemm_triton(dx, tw, x_scale=tx.global_scale, out_dtype=torch.float32, config=cfg)
-    assert _rel(y, G.gemm_reference(tx, tw)) < TOL["gemm_rel"]
+    assert _rel(y, R.gemm_reference(tx, tw)) < TOL["gemm_rel"]
 
 
 def test_dispatch_reference_backend_on_cpu():
@@ -178,22 +252,26 @@ def test_dispatch_reference_backend_on_cpu():
     tw = dispatch.quantize(w, Quant(), backend="reference")
     y = dispatch.gemm(t, tw, torch.float32, backend="reference")
     assert torch.allclose(y, ref.dequantize(t) @ ref.dequantize(tw).t())
-    counts = torch.tensor([6, 10])
-    yg = dispatch.grouped_gemm(t, [tw, tw], counts, torch.float32, backend="reference")
+    offs = torch.tensor([0, 6, 16])
+    both = DqOperand(torch.stack([dispatch.as_dq(tw).values_bf16] * 2), torch.stack([tw.global_scale] * 2))
+    yg = dispatch.grouped_gemm(dispatch.as_dq(t), both, offs, torch.float32, backend="reference")
     assert torch.allclose(yg, y)
     yd = dispatch.decode_gemm(x[:4], tw, act=q, backend="reference", out_dtype=torch.float32)
     assert torch.allclose(yd, y[:4])
 
 
 def test_dispatch_selection(monkeypatch):
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(dispatch, "_RUN_BACKEND", None)
     assert dispatch.select_backend() == ("reference" if not CUDA else dispatch.select_backend())
-    monkeypatch.setenv(dispatch.ENV_VAR, "reference")
-    assert dispatch.select_backend() == "reference"
+    dispatch.set_backend("reference")
+    assert dispatch.select_backend() == dispatch.current_backend() == "reference"
     assert dispatch.select_backend("reference") == "reference"
     with pytest.raises(RuntimeError, match="not usable"):
         dispatch.select_backend("bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        dispatch.set_backend("bogus")
     if not CUDA:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         with pytest.raises(RuntimeError, match="CUDA"):
             dispatch.select_backend("triton")
 
@@ -212,7 +290,7 @@ def test_native_operand_layout_cpu():
 def test_native_gemm_matches_reference():
     ta, tb, _, _ = _gemm_case(256, 128, 256)
     y = native.gemm_native(ta, tb, torch.float32)
-    assert _rel(y, G.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+    assert _rel(y, R.gemm_reference(ta, tb)) < TOL["gemm_rel"]
 
 
 # ------------------------------------------------------------------------------------------ GPU-sized
@@ -235,16 +313,21 @@ test_gpu_quantize_bitexact_large = pytest.mark.gpu(test_gpu_quantize_bitexact_la
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 @pytest.mark.parametrize("impl", ["triton", "cublas"])
 def test_gpu_gemm_and_grouped(impl):
-    ta, tb, A, B = _gemm_case(1000, 768, 1024)
+    ta, tb, A, B = _gemm_case(1024, 768, 1024)
     f = G.gemm_triton if impl == "triton" else G.gemm_cublas
-    assert _rel(f(A, B, torch.float32), G.gemm_reference(ta, tb)) < TOL["gemm_rel"]
-    ws = [quantize_triton(_input(256, 1024, torch.float32, seed=20 + e))[0] for e in range(8)]
-    counts = torch.tensor([100, 0, 300, 1, 99, 200, 0, 300], device="cuda")
-    yr = G.grouped_gemm_reference(ta, ws, counts.cpu())
-    if impl == "triton":
-        assert _rel(G.grouped_gemm_triton(A, dispatch.dq_experts(ws), counts, torch.float32), yr) < TOL["gemm_rel"]
-    else:  # _grouped_mm rounds its accumulator to bf16 first (no fp32 out): bf16-level agreement only
-        assert _rel(G.grouped_gemm_cublas(A, dispatch.dq_experts(ws), counts, torch.float32), yr) < 1e-2
+    assert _rel(f(A, B, torch.float32), R.gemm_reference(ta, tb)) < TOL["gemm_rel"]
+    ws, W = _experts(256, 1024, 8, seed=20)
+    offs = torch.tensor([0, 112, 112, 416, 432, 544, 752, 752, 1024], device="cuda")
+    yr = R.grouped_gemm_reference(ta, ws, offs.cpu())
+    assert _rel(GG.grouped_gemm(A, W, offs, torch.float32), yr) < TOL["gemm_rel"]
+    xt = _input(256, 1024, torch.bfloat16, seed=9)
+    va, vb = xt, _input(512, 1024, torch.bfloat16, seed=10)
+    sa, sb = torch.rand(8, device="cuda"), torch.rand(8, device="cuda")
+    c = GG.kgrouped_gemm(va, sa, vb, sb, offs)
+    bounds = offs.tolist()
+    for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])):
+        ref_e = (va[:, s:t].double() @ vb[:, s:t].double().t()) * (sa[e].double() * sb[e].double())
+        assert torch.allclose(c[e].double(), ref_e, rtol=1e-5, atol=1e-5 * ref_e.abs().max().item() + 1e-30)
 
 
 @pytest.mark.gpu
@@ -257,4 +340,31 @@ def test_gpu_decode(m):
     assert _rel(y, decode_gemm_reference(x, tw)) < TOL["gemm_rel"]
     y2 = dispatch.decode_gemm(x, tw, act=Quant(scale_mode="row"), out_dtype=torch.float32)
     tx = ref.quantize(x, scale_mode="row")
-    assert _rel(y2, G.gemm_reference(tx, tw)) < TOL["gemm_rel"]
+    assert _rel(y2, R.gemm_reference(tx, tw)) < TOL["gemm_rel"]
+
+
+@cpu_kernels
+@pytest.mark.parametrize("rht,sr,math", list(itertools.product([False, True], [False, True], ["exact", "fast"])))
+def test_quantize_cols_equals_reference_on_transpose(rht, sr, math):
+    """The along-token quantizer reads x [T, C] and gives exactly the row quantizer's codes of xᵀ."""
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
+
+    x = _input(96, 40, torch.bfloat16, seed=11)
+    kw = dict(rht=rht, rounding="sr" if sr else "rne", math=math, seed=123456789012 if sr else None)
+    t, d = quantize_cols_triton(x, emit_dq=True, block_t=32, block_c=16, **kw)
+    r, rd = quantize_reference(x.t().contiguous().cpu(), emit_dq=True, **kw)
+    _same(t, r, d, rd)
+    xf = rht_ref(x.t().float().cpu()) if rht else x.t().float().cpu()
+    assert torch.equal(col_block_amax(x, rht=rht, block_t=32, block_c=16).cpu(), xf.abs().reshape(40, 6, 16).amax(dim=(0, 2)))
+    # per-segment scales and seeds (three experts' tokens)
+    segs, tok_e = [(0, 32), (32, 48), (48, 96)], torch.tensor([0] * 32 + [1] * 16 + [2] * 48)
+    seeds = torch.tensor([5, 2**41 + 7, 99], dtype=torch.int64)
+    seg_amax = torch.stack([(rht_ref(x[s:e].t().float().cpu()) if rht else x[s:e].float().cpu()).abs().amax()
+                            for s, e in segs])
+    local = torch.arange(96) - torch.tensor([0, 32, 48])[tok_e]
+    t, _ = quantize_cols_triton(x, col_amax=seg_amax[tok_e[::16]].to(DEV), rounding=kw["rounding"], rht=rht, math=math,
+                                seg_seed=(seeds[tok_e].to(DEV), local.to(DEV)) if sr else None, block_t=32, block_c=16)
+    parts = [quantize_reference(x[s:e].t().contiguous().cpu(), rht=rht, rounding=kw["rounding"], math=math,
+                                seed=int(seeds[i]) if sr else None)[0] for i, (s, e) in enumerate(segs)]
+    assert torch.equal(t.data.cpu(), torch.cat([p.data for p in parts], 1))
+    assert torch.equal(t.scale.view(torch.uint8).cpu(), torch.cat([p.scale.view(torch.uint8) for p in parts], 1))

@@ -17,12 +17,12 @@ import math
 import pytest
 import torch
 
-from minite_core.diagnostics.metrics import KEYS as MISMATCH_KEYS
+from minite_core.engines.mismatch import KEYS as MISMATCH_KEYS
 from minite_core.model import load_pretrained
 from minite_core.results import read_result
-from minite_core.rl import data as data_mod
+from minite_core.task import data as data_mod
 from minite_core.rl import train as train_mod
-from minite_core.rl.checkpoint import StepLog
+from minite_core.runs.steplog import StepLog
 from minite_core.rl.pretrain import PretrainConfig, pretrain
 from minite_core.rl.train import TIMING_PREFIX, RLConfig, run_name, train
 

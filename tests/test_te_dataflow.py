@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minite_core.engines.te_compare import agreement, te_reference_dataflow
-from minite_core.engines.te_learner import MODES, nvfp4_ref_factory
+from minite_core.peers.te_compare import agreement, te_reference_dataflow
+from minite_core.peers.te_learner import MODES, nvfp4_ref_factory
 from minite_core.nn import QuantLinear
 from tests import te_reference
 

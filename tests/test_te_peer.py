@@ -1,4 +1,4 @@
-"""Transformer Engine as a peer learner (engines/te_learner.py, engines/te_compare.py).
+"""Transformer Engine as a peer learner (peers/te_learner.py, peers/te_compare.py).
 
 CPU (always): the adapter's plumbing against a stand-in with TE's API shape (tests/fake_te.py, plain-torch bf16
 GEMMs = our bf16 QuantLinear's): every decoder GEMM swapped for a TE module under the same name, router and LM head
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from minite_core.engines import te_learner
+from minite_core.peers import te_learner
 from minite_core.engines.learner import Learner
 from minite_core.model import PRESETS, CausalLM
 from minite_core.nn import GroupedLinear, QuantLinear
@@ -77,15 +77,19 @@ def test_te_copy_matches_our_bf16_learner(fake, experts):
 
 
 def test_empty_experts_and_quantized_grouped_padding(fake):
+    from minite_core.nn.moe_layout import moe_layout, permute
+
     src = GroupedLinear(4, 32, 48)
     torch.nn.init.normal_(src.weight)
-    x = torch.randn(40, 32).bfloat16()
-    counts = torch.tensor([0, 17, 0, 23])
-    ref = torch.cat([torch.nn.functional.linear(c, src.weight[e].bfloat16())
-                     for e, c in enumerate(x.split(counts.tolist())) if c.shape[0]])
+    top_idx = torch.tensor([[1, 3]] * 9 + [[3, 1]] * 8)  # experts 0 and 2 get no token
+    layout = moe_layout(top_idx, 4)
+    x = permute(torch.randn(17, 32).bfloat16(), layout)  # (Tp, 32): 16-aligned segments, zero pad rows
+    bounds = layout.bounds()
+    ref = torch.cat([torch.nn.functional.linear(x[s:t], src.weight[e].bfloat16())
+                     for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s])
     for mode, path in (("bf16", "per-expert"), ("bf16", "grouped"), ("fp8-current", "grouped")):
-        out = te_learner.TEExperts(src, te_learner.get_mode(mode), experts=path)(x, counts)
-        assert torch.equal(out, ref), (mode, path)
+        out = te_learner.TEExperts(src, te_learner.get_mode(mode), experts=path)(x, layout)
+        assert out.shape == (layout.num_rows, 48) and torch.equal(out, ref), (mode, path)
     assert [type(r).__name__ for r in fake.ACTIVE_RECIPES] == ["Float8CurrentScaling"]
     with pytest.raises(ValueError, match="per-expert"):
         te_learner.TEExperts(src, te_learner.get_mode("nvfp4"), experts="grouped")
@@ -115,7 +119,7 @@ def test_update_step_copy_or_share(fake, share):
 def test_compare_helpers_run_on_the_stand_in(fake):
     """te_compare's GEMM and end-to-end helpers end to end on CPU (values from the stand-in's bf16 GEMMs: only
     the bf16 rows mean something here, and they must agree exactly)."""
-    from minite_core.engines.te_compare import _summary, compare_e2e, compare_gemm
+    from minite_core.peers.te_compare import _summary, compare_e2e, compare_gemm
 
     r = {}
     for mode in ("bf16", "nvfp4", "nvfp4-rowscaled"):
@@ -134,7 +138,7 @@ def test_compare_helpers_run_on_the_stand_in(fake):
 @pytest.mark.skipif(not REF_OK, reason=REF_REASON)
 def test_compare_quantizers_with_te_reference_on_cpu(fake):
     """te_compare.compare_quantizers (what the H200 run reports) on CPU, with TE's real reference module."""
-    from minite_core.engines.te_compare import compare_quantizers
+    from minite_core.peers.te_compare import compare_quantizers
 
     r = compare_quantizers(m=64, k=128, device="cpu")
     assert {k: v for k, v in r.items() if "rht_wgrad_fp32" not in k and v != 1.0} == {}
@@ -144,7 +148,7 @@ def test_compare_quantizers_with_te_reference_on_cpu(fake):
 @pytest.mark.skipif(not REF_OK, reason=REF_REASON)
 def test_cli_run_writes_te_v1_json(fake, monkeypatch, tmp_path):
     """The command the lead runs on the H200, on CPU against the stand-in: it completes and writes the contract."""
-    from minite_core.engines import te_compare
+    from minite_core.peers import te_compare
 
     monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
     monkeypatch.setattr(te_compare, "GEMM_SHAPES", ((64, 128, 96),))
@@ -174,7 +178,7 @@ def test_modes_and_errors():
 @needs_te
 @pytest.mark.parametrize("mode", ["bf16", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6", "fp8-current", "fp8-block"])
 def test_gpu_gemm_agreement(mode):
-    from minite_core.engines.te_compare import compare_gemm
+    from minite_core.peers.te_compare import compare_gemm
 
     ok, why = te_learner.mode_available(mode)
     if not ok:
@@ -193,7 +197,7 @@ def test_gpu_gemm_agreement(mode):
 @pytest.mark.gpu
 @needs_te
 def test_gpu_quantizers_bit_exact():
-    from minite_core.engines.te_compare import compare_quantizers
+    from minite_core.peers.te_compare import compare_quantizers
 
     r = compare_quantizers()
     for key, v in r.items():
@@ -202,7 +206,7 @@ def test_gpu_quantizers_bit_exact():
 
 
 def _gpu_model(layers=2):
-    from minite_core.engines.te_compare import H200_RL_MODEL
+    from minite_core.peers.te_compare import H200_RL_MODEL
 
     return CausalLM(H200_RL_MODEL.replace(num_hidden_layers=layers)).init_weights(0, std=0.1).cuda()
 
@@ -210,7 +214,7 @@ def _gpu_model(layers=2):
 @pytest.mark.gpu
 @needs_te
 def test_gpu_e2e_logprobs():
-    from minite_core.engines.te_compare import compare_e2e, task_batch
+    from minite_core.peers.te_compare import compare_e2e, task_batch
 
     modes = tuple(m for m in te_learner.MODES if te_learner.mode_available(m)[0])
     r = compare_e2e(_gpu_model(), *task_batch(8, 0), modes=modes)

@@ -129,7 +129,9 @@ def bench_quantize(rec, m=16384, k=4096, reps=30):
 
 def bench_linear(rec, m, n, k, reps=20, sweep=False):
     from minite_core.kernels import gemm as G
+    from minite_core.kernels.operands import DqOperand
     from minite_core.kernels.quantize import quantize_triton
+    from minite_core.kernels.reference import gemm_reference
 
     shape = f"M{m} N{n} K{k}"
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -147,11 +149,10 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
     _guard(rec, "linear-fp8-rowwise-scaled_mm", shape, fp8)
 
     tw, dw = quantize_triton(w, emit_dq=True)
-    W = G.DqOperand(dw, tw.global_scale)  # prepared weights (once per optimizer step)
+    W = DqOperand(dw, tw.global_scale)  # prepared weights (once per optimizer step)
     ta, da = quantize_triton(x, scale_mode="row", emit_dq=True)
-    A = G.DqOperand(da, ta.global_scale)
-    # correctness spot check on the GPU (reference: fp32 dequantize + matmul)
-    yr = G.gemm_reference(ta, tw)
+    A = DqOperand(da, ta.global_scale)
+    yr = gemm_reference(ta, tw)  # correctness spot check on the GPU (fp32 dequantize + matmul)
     for nm, impl in (("cublas", G.gemm_cublas), ("triton", G.gemm_triton)):
         def run(nm=nm, impl=impl):
             y = impl(A, W, torch.float32)
@@ -162,7 +163,7 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
 
             def fwd():
                 _, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
-                return impl(G.DqOperand(a_dq, _.global_scale), W, torch.bfloat16)
+                return impl(DqOperand(a_dq, _.global_scale), W, torch.bfloat16)
             t2 = time_fn(fwd, reps)
             rec.add(f"linear-w4a4-fwd-{nm}(quant+gemm)", shape, t2, "linear-bf16-cublas", t_bf16,
                     tflops=flops / t2[0] / 1e9)
@@ -179,48 +180,81 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
                 "linear-bf16-cublas", t_bf16))
 
 
-def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10):
-    from minite_core.kernels import gemm as G
-    from minite_core.kernels.quantize import quantize_triton
+GROUPED_SWEEP = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                 dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+                 dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4),
+                 dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
+                 dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=4)]
+KGROUPED_SWEEP = [dict(BLOCK_N=128, BLOCK_K=128, BLOCK_T=64, num_warps=8, num_stages=4),
+                  dict(BLOCK_N=128, BLOCK_K=256, BLOCK_T=64, num_warps=8, num_stages=3),
+                  dict(BLOCK_N=64, BLOCK_K=128, BLOCK_T=64, num_warps=4, num_stages=4),
+                  dict(BLOCK_N=128, BLOCK_K=128, BLOCK_T=128, num_warps=8, num_stages=3)]
 
-    rows = tokens * topk
+
+def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10, sweep=False):
+    """Expert GEMMs on the padded sorted layout (`nn.moe_layout`): forward/dgrad (M-grouped) and wgrad
+    (K-grouped), NVFP4 (Triton, exact) vs torch._grouped_mm bf16 on the same layout."""
+    from minite_core.kernels import grouped as GG
+    from minite_core.kernels.operands import DqOperand
+    from minite_core.kernels.quantize import quantize_triton
+    from minite_core.nn.moe_layout import moe_layout
+
     gen = torch.Generator(device="cuda").manual_seed(0)
-    choice = torch.randint(0, experts, (rows,), device="cuda", generator=gen)
-    counts = torch.bincount(choice, minlength=experts)
-    offs = torch.cumsum(counts.to(torch.int32), 0, dtype=torch.int32)
+    top = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=-1).indices
+    layout = moe_layout(top, experts)
+    rows, offs, ends = layout.num_rows, layout.offs, layout.offs[1:].to(torch.int32)
     for name, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
         shape = f"T{tokens}x{topk} E{experts} N{n} K{k}"
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         wt = w.transpose(-2, -1)
-        t_bf16 = time_fn(lambda: torch._grouped_mm(x, wt, offs=offs), reps)
-        flops = 2 * rows * n * k
+        t_bf16 = time_fn(lambda: torch._grouped_mm(x, wt, offs=ends), reps)
+        flops = 2 * tokens * topk * n * k  # real routed rows only (pad rows are overhead)
         rec.add(f"moe-{name}-bf16-grouped_mm", shape, t_bf16, tflops=flops / t_bf16[0] / 1e9)
-        qs = [quantize_triton(w[e], emit_dq=True) for e in range(experts)]
-        W = G.DqOperand(torch.stack([q[1] for q in qs]), torch.stack([q[0].global_scale for q in qs]))
+        qw, dqw = quantize_triton(w.reshape(experts * n, k), emit_dq=True)
+        W = DqOperand(dqw.view(experts, n, k), qw.global_scale.expand(experts).contiguous())
         ta, da = quantize_triton(x, scale_mode="row", emit_dq=True)
-        A = G.DqOperand(da, ta.global_scale)
-        for nm, impl in (("cublas", G.grouped_gemm_cublas), ("triton", G.grouped_gemm_triton)):
-            def run(nm=nm, impl=impl):
-                y = impl(A, W, counts, torch.float32)  # compile; exactness is checked in tests/test_kernels.py
-                t = time_fn(lambda: impl(A, W, counts, torch.bfloat16), reps)
-                rec.add(f"moe-{name}-w4a4-gemm-{nm}", shape, t, f"moe-{name}-bf16-grouped_mm", t_bf16,
-                        tflops=flops / t[0] / 1e9)
+        A = DqOperand(da, ta.global_scale)
 
+        def run(cfg=None, label="triton"):
+            sched = GG.grouped_schedule(offs, (cfg or GG.GROUPED_CONFIG)["BLOCK_M"], rows)
+            GG.grouped_gemm(A, W, offs, torch.bfloat16, config=cfg, schedule=sched)
+            t = time_fn(lambda: GG.grouped_gemm(A, W, offs, torch.bfloat16, config=cfg, schedule=sched), reps)
+            rec.add(f"moe-{name}-w4a4-gemm-{label}", shape, t, f"moe-{name}-bf16-grouped_mm", t_bf16,
+                    tflops=flops / t[0] / 1e9)
+            if cfg is None:
                 def fwd():
                     q, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
-                    return impl(G.DqOperand(a_dq, q.global_scale), W, counts, torch.bfloat16)
+                    return GG.grouped_gemm(DqOperand(a_dq, q.global_scale), W, offs, torch.bfloat16, schedule=sched)
                 t2 = time_fn(fwd, reps)
-                rec.add(f"moe-{name}-w4a4-fwd-{nm}(quant+gemm)", shape, t2, f"moe-{name}-bf16-grouped_mm", t_bf16,
-                        tflops=flops / t2[0] / 1e9)
-                del y
-            _guard(rec, f"moe-{name}-w4a4-{nm}", shape, run)
-        del x, w, wt, qs, W, A
+                rec.add(f"moe-{name}-w4a4-fwd-triton(quant+gemm)", shape, t2, f"moe-{name}-bf16-grouped_mm",
+                        t_bf16, tflops=flops / t2[0] / 1e9)
+        _guard(rec, f"moe-{name}-w4a4-triton", shape, run)
+        for cfg in GROUPED_SWEEP if sweep else ():
+            lbl = "cfg-" + "-".join(str(v) for v in cfg.values())
+            _guard(rec, f"moe-{name}-w4a4-gemm-{lbl}", shape, lambda cfg=cfg, lbl=lbl: run(cfg, lbl))
+        # wgrad: dW[e] = dy_eᵀ x_e over each expert's tokens
+        dy = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+        t_wb = time_fn(lambda: torch._grouped_mm(dy.t(), x, offs=ends), reps)
+        rec.add(f"moe-{name}-wgrad-bf16-grouped_mm", shape, t_wb, tflops=flops / t_wb[0] / 1e9)
+        sa = torch.rand(experts, device="cuda")
+
+        def wgrad(cfg=None, label="triton"):
+            a_t, b_t = dy.t().contiguous(), x.t().contiguous()  # (N, Tp), (K, Tp): along-token operands
+            t = time_fn(lambda: GG.kgrouped_gemm(a_t, sa, b_t, sa, offs, config=cfg), reps)
+            rec.add(f"moe-{name}-wgrad-w4a4-{label}", shape, t, f"moe-{name}-wgrad-bf16-grouped_mm", t_wb,
+                    tflops=flops / t[0] / 1e9)
+        _guard(rec, f"moe-{name}-wgrad-w4a4-triton", shape, wgrad)
+        for cfg in KGROUPED_SWEEP if sweep else ():
+            lbl = "cfg-" + "-".join(str(v) for v in cfg.values())
+            _guard(rec, f"moe-{name}-wgrad-{lbl}", shape, lambda cfg=cfg, lbl=lbl: wgrad(cfg, lbl))
+        del x, w, wt, W, A, dy
 
 
 def bench_decode(rec, reps=20, sweep=False):
-    from minite_core.kernels.decode import decode_gemm_triton, decode_gemm_reference
+    from minite_core.kernels.decode import decode_gemm_triton
     from minite_core.kernels.quantize import quantize_triton
+    from minite_core.kernels.reference import decode_gemm_reference
 
     for nk in (4096, 8192):
         copies = max(4, (256 << 20) // (nk * nk * 2))  # bf16 weight sets > 4x L2
@@ -290,7 +324,7 @@ def main(argv=None):
             bench_linear(rec, 8192, 8192, 8192)
     if "moe" in only:
         for tokens in ((4096,) if args.quick else (4096, 16384)):
-            bench_moe(rec, tokens)
+            bench_moe(rec, tokens, sweep=args.sweep and tokens == 16384)
     if "decode" in only:
         bench_decode(rec, sweep=args.sweep)
     env = _env(args.commit)

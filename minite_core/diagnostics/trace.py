@@ -29,14 +29,14 @@ import re
 
 import torch
 
-from minite_core.engines.learner import pack_right
+from minite_core.engines.batching import pack_left, pack_right
+from minite_core.engines.mismatch import TRACE_THRESHOLD, rel_error  # noqa: F401  (re-exported)
 from minite_core.model import KVCache, set_profile
 from minite_core.model.qwen3_moe import Attention, DecoderLayer, DenseMLP, SparseMoE
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import PAD_ID
+from minite_core.task.tokenizer import PAD_ID
 
-TRACE_THRESHOLD = 1e-3  # relative error at which an op "diverges" (one bf16 rounding flip is ~4e-3 per element)
 MODES = ("prefill", "decode")
 _LAYER = re.compile(r"layers\.(\d+)(?:\.|$)")
 
@@ -90,18 +90,13 @@ class _Recorder:
                 self.order.append(name)
                 self.chunks[name] = []
             flat = self.token_map.reshape(-1)  # (N,) = B*T slots in the model's row-major token order
-            if kind == "grouped_gemm":
-                top_idx = self.routes[name.rsplit(".experts", 1)[0] + ".gate"]  # (N, K) this call's routing
-                keys, values = [], []
-                for e, chunk in enumerate(output.detach().float().split(args[1].tolist())):
-                    slots = (top_idx == e).any(dim=-1).nonzero().flatten()  # ascending = sorted-by-expert order
-                    if slots.numel() != chunk.shape[0]:
-                        raise RuntimeError(f"{name}: expert {e} has {chunk.shape[0]} rows, router sent "
-                                           f"{slots.numel()}")
-                    keep = flat[slots] >= 0
-                    keys.append(torch.stack([flat[slots][keep], torch.full_like(flat[slots][keep], e)], -1))
-                    values.append(chunk[keep])
-                self.chunks[name].append((torch.cat(keys), torch.cat(values)))
+            if kind == "grouped_gemm":  # rows of the padded sorted layout -> (token, expert) keys
+                layout = args[1]
+                live = layout.src < flat.numel()  # pad rows read no token
+                tok = flat[layout.src[live]]
+                keep = tok >= 0
+                keys = torch.stack([tok[keep], layout.row_expert[live][keep]], -1)
+                self.chunks[name].append((keys, output.detach().float()[live][keep]))
                 return
             out = output.detach().float().reshape(flat.numel(), -1)  # (N, F)
             keep = flat >= 0
@@ -137,18 +132,15 @@ def _run_full(model, rec, prompt_ids, response_ids, device):
     rows = torch.arange(B, device=device)[:, None].expand(B, L)
     pos = torch.arange(L, device=device)[None].expand(B, L)
     rec.token_map = _flat_ids(rows, pos, attn.bool())
-    model(ids, attention_mask=attn)
+    model(ids, attention_mask=None if ids.is_cuda else attn)  # as the learner runs it (engines/learner.py)
 
 
 def _run_decode(model, rec, prompt_ids, response_ids, device):
     # the Sampler's schedule: left-padded prefill, then step k feeds response token k of rows with k < R_i
     B, P = len(prompt_ids), max(map(len, prompt_ids))
     plen = torch.tensor([len(p) for p in prompt_ids], device=device)
-    ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=device)
-    for b, p in enumerate(prompt_ids):
-        ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+    ids, attn = pack_left(prompt_ids, device=device)  # (B, P), as the sampler prefills
     slot = torch.arange(P, device=device)[None]
-    attn = (slot >= (P - plen)[:, None]).long()  # (B, P)
     rows = torch.arange(B, device=device)[:, None]
     T = max(map(len, response_ids))
     cache = KVCache.for_model(model, B, P + T, device=device)
@@ -216,13 +208,6 @@ def trace_pair(model, ref_profile: Profile | str, sut_profile: Profile | str, pr
             "first_divergence": above[0] if above else None, "first_nonzero": nonzero[0] if nonzero else None}
 
 
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖a‖ over all elements, in float64; 0 when both are 0, inf when only the reference is 0."""
-    a, b = a.double(), b.double()
-    d2, a2 = float(((a - b) ** 2).sum()), float((a * a).sum())
-    if a2 > 0:
-        return math.sqrt(d2 / a2)
-    return 0.0 if d2 == 0 else math.inf
 
 
 def decode_vs_prefill(model, profile: Profile | str, prompt_ids, response_ids, *,

@@ -30,30 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minite_core.engines.batching import pack_left
 from minite_core.model import KVCache, set_profile
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import EOS_ID, PAD_ID
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def derive_seed(*keys: int) -> int:
-    """A 48-bit seed from integer keys (run seed, step, index, ...) by splitmix64 chaining: pure, platform-free,
-    and well mixed, so neighbouring keys give unrelated streams (unlike seed + index). 48 bits leave headroom
-    for consumers' arithmetic (nn.linear seeds its backward with 2*seed+1, experts add e * 1_000_003) inside
-    torch.Generator's 64-bit range."""
-    h = 0
-    for key in keys:
-        h = _splitmix64(h ^ (int(key) & _MASK64))
-    return h & ((1 << 48) - 1)
-
+from minite_core.seeds import derive_seed
+from minite_core.task.tokenizer import EOS_ID, PAD_ID
 
 @dataclass
 class Rollout:
@@ -119,6 +100,8 @@ class Sampler:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None) -> Rollout:
+        if not prompts:
+            raise ValueError("no prompts given (an empty batch)")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0 or not 0.0 < top_p <= 1.0:
@@ -142,12 +125,8 @@ class Sampler:
     @torch.inference_mode()
     def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed):
         dev, B = self.device, len(prompts)
-        P = max(map(len, prompts))
-        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
-        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
-            attn[b, P - len(p):] = 1
+        ids, attn = pack_left(prompts, device=dev)  # (B, P) left-padded
+        P = ids.shape[1]
         cache = KVCache.for_model(self.model, B, P + max_new_tokens, device=dev)
         logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
         gens = [torch.Generator(device=dev).manual_seed(derive_seed(seed, i)) for i in indices]
@@ -178,3 +157,39 @@ class Sampler:
             attn = torch.cat([attn, alive.long()[:, None]], dim=1)
             logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
         return resp, lps, done, amx
+
+    @torch.inference_mode()
+    def score(self, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0,
+              top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced decode: the log-probs this sampler gives *given* tokens (e.g. another engine's rollout),
+        computed with exactly `generate`'s schedule — left-padded prefill into the KV cache, then one (B, 1) step
+        per response position, rows that already stopped fed a masked pad. -> (logp (N, T) fp32, mask (N, T),
+        argmax (N, T)), the Learner.logprobs layout (masked positions hold finite junk)."""
+        if len(prompts) != len(responses) or any(len(p) == 0 for p in prompts):
+            raise ValueError("score needs one non-empty prompt per response")
+        set_profile(self.model, self.profile)
+        self.model.eval()
+        dev, B = self.device, len(prompts)
+        P, T = max(map(len, prompts)), max(map(len, responses), default=0)
+        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
+        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
+            attn[b, P - len(p):] = 1
+        cache = KVCache.for_model(self.model, B, P + max(T, 1), device=dev)
+        logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
+        tok = torch.full((B, T), PAD_ID, dtype=torch.long, device=dev)
+        for b, r in enumerate(responses):
+            tok[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=dev)
+        mask = torch.arange(T, device=dev)[None] < torch.tensor([len(r) for r in responses], device=dev)[:, None]
+        logp, amx = torch.zeros(B, T, device=dev), torch.zeros(B, T, dtype=torch.long, device=dev)
+        for k in range(T):
+            lp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
+            logp[:, k], amx[:, k] = lp.gather(-1, tok[:, k:k + 1])[:, 0], logits.argmax(dim=-1)
+            if k == T - 1:
+                break
+            alive = mask[:, k]  # the sampler feeds token k only to rows that sampled it (see generate)
+            step_ids = torch.where(alive, tok[:, k], torch.full_like(tok[:, k], PAD_ID))[:, None]  # (B, 1)
+            attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+            logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
+        return logp, mask, amx

@@ -41,18 +41,24 @@ def e2m1_encode(v_fp32: torch.Tensor) -> torch.Tensor:
     return mag | ((v_fp32 < 0).to(torch.uint8) << 3)
 
 
-def e2m1_encode_sr(v_fp32: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Stochastic rounding: |v| between grid points lo < hi rounds up with probability (|v| - lo) / (hi - lo).
-
-    One uniform draw per element, `torch.rand(v.shape, generator=generator)` in row-major order, so a seeded
-    generator reproduces the codes bit for bit. Magnitudes >= 6 saturate to 6.
+def e2m1_encode_sr(v_fp32: torch.Tensor, generator: torch.Generator | None = None, *,
+                   uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """Stochastic rounding: |v| between grid points lo < hi rounds up with probability (|v| - lo) / (hi - lo),
+    i.e. when u < p_up for one uniform u in [0, 1) per element. `uniforms` (fp32, v's shape) gives the draws
+    (the kernels' counter-based Philox stream, `formats.philox`); otherwise `torch.rand(v.shape,
+    generator=generator)` in row-major order. Magnitudes >= 6 saturate to 6.
     """
     grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=v_fp32.device)
-    a = v_fp32.abs().clamp(max=E2M1_MAX)
+    a = v_fp32.abs().clamp(max=E2M1_MAX).contiguous()
     lo_idx = (torch.searchsorted(grid, a, right=True) - 1).clamp(0, 6)
     lo, hi = grid[lo_idx], grid[lo_idx + 1]
     p_up = (a - lo) / (hi - lo)
-    u = torch.rand(v_fp32.shape, generator=generator, device=v_fp32.device, dtype=torch.float32)
+    if uniforms is None:
+        u = torch.rand(v_fp32.shape, generator=generator, device=v_fp32.device, dtype=torch.float32)
+    elif uniforms.shape != v_fp32.shape:
+        raise ValueError(f"uniforms shape {tuple(uniforms.shape)} != values shape {tuple(v_fp32.shape)}")
+    else:
+        u = uniforms
     mag = (lo_idx + (u < p_up).to(lo_idx.dtype)).to(torch.uint8)
     mag = torch.where(a >= E2M1_MAX, torch.full_like(mag, 7), mag)
     return mag | ((v_fp32 < 0).to(torch.uint8) << 3)

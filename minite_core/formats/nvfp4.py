@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minite_core.formats import philox
 from minite_core.formats.e2m1 import (
     E2M1_MAX,
     E4M3_MAX,
@@ -118,9 +119,13 @@ def quantize(
     rounding: str = "rne",
     math: str = "exact",
     generator: torch.Generator | None = None,
+    seed: int | None = None,
     check: bool = True,
 ) -> NVFP4Tensor:
-    """Quantize x [M, K] (fp32 or bf16) to NVFP4 with DESIGN.md's arithmetic; see the module docstring."""
+    """Quantize x [M, K] (fp32 or bf16) to NVFP4 with DESIGN.md's arithmetic; see the module docstring.
+    rounding="sr" draws one uniform per element from `generator`, or — with `seed` — from the counter-based
+    Philox stream `philox.uniform_grid(seed, r, c)` that the Triton kernels draw (bit-identical; the counter is
+    built from (row, column), so a draw does not depend on the row length)."""
     block = tuple(block)
     _validate(x, block, check)
     if scale_mode not in ("tensor", "row"):
@@ -144,7 +149,16 @@ def quantize(
         enc = torch.where(sf_fp32 == 0, torch.zeros_like(sf_fp32), _div(1.0, sf_fp32 * _div(1.0, s_enc)))
 
     scaled = (x_fp32.reshape(m, k // BLOCK, BLOCK) * enc.unsqueeze(-1)).reshape(m, k)
-    codes = e2m1_encode(scaled) if rounding == "rne" else e2m1_encode_sr(scaled, generator)
+    if rounding == "rne":
+        codes = e2m1_encode(scaled)
+    elif seed is not None:
+        if generator is not None:
+            raise ValueError("rounding='sr' takes a generator or a seed, not both")
+        rows = torch.arange(m, dtype=torch.int64, device=x.device)[:, None]
+        cols = torch.arange(k, dtype=torch.int64, device=x.device)[None, :]
+        codes = e2m1_encode_sr(scaled, uniforms=philox.uniform_grid(seed, rows, cols))
+    else:
+        codes = e2m1_encode_sr(scaled, generator)
     return NVFP4Tensor(data=pack_fp4(codes), scale=sf, global_scale=s_dec.float())
 
 

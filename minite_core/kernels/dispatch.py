@@ -1,18 +1,17 @@
 """Kernel dispatch: one API over three backends — "reference" (plain torch, `formats`), "triton" (Hopper and
-newer: fused Triton quantizer + exact bf16-tensor-core W4A4 GEMM), "native" (sm_100+: Triton quantizer +
-torch._scaled_mm on float4_e2m1fn_x2).
+newer: fused Triton quantizers + exact bf16-tensor-core W4A4 GEMMs, dense and grouped), "native" (sm_100+:
+Triton quantizer + torch._scaled_mm on float4_e2m1fn_x2).
 
-Selection, first match wins: the `backend=` argument, env MINITE_KERNELS, then automatic (native on sm_100+,
-triton on other CUDA GPUs, reference on CPU). A backend that cannot run raises with the reason — never a silent
-fallback (STYLE.md).
+Selection, first match wins: the `backend=` argument, the run's backend (`set_backend`, set once from a run's
+`--kernels` option / `kernels:` config key; env MINITE_KERNELS seeds it at import), then automatic (native on
+sm_100+, triton on other CUDA GPUs, reference on CPU). A backend that cannot run raises with the reason — never
+a silent fallback (STYLE.md). "triton" also runs on CPU tensors under TRITON_INTERPRET=1 (tests, the smoke
+kernel check). Triton is imported only when a Triton backend is chosen: the CPU reference path imports none.
 
 Operands: `quantize` returns the reference's `NVFP4Tensor`; `quantize_dq` also returns the GEMM-ready
-`DqOperand` (bf16 e2m1(q)*sf + S_dec) the Hopper GEMM consumes, emitted by the same kernel for free. `gemm` /
-`grouped_gemm` take either form (NVFP4Tensor operands are dequantized on the fly — cache a `DqOperand` for
-weights, once per optimizer step). Results: a_hat @ b_hat^T, equal across backends up to fp32 accumulation
-order.
-
-HOPPER_GEMM picks the Hopper GEMM implementation, from the H200 measurement in results/h200/bench/.
+`DqOperand` (bf16 e2m1(q)*sf + S_dec) the Hopper GEMM consumes, emitted by the same kernel for free. `gemm`
+takes either form (NVFP4Tensor operands are dequantized on the fly — cache a `DqOperand` for weights, once per
+optimizer step). Results: a_hat @ b_hat^T, equal across backends up to fp32 accumulation order.
 """
 from __future__ import annotations
 
@@ -21,38 +20,57 @@ import os
 import torch
 
 from minite_core.formats import nvfp4 as ref
-from minite_core.kernels import gemm as _gemm
-from minite_core.kernels.gemm import DqOperand
+from minite_core.kernels.operands import DqOperand
 from minite_core.profiles import Quant
 
 BACKENDS = ("reference", "triton", "native")
 ENV_VAR = "MINITE_KERNELS"
-# Dense Hopper GEMM: cuBLAS fp32-out + scale kernel measured 0.832 ms vs Triton fused 0.956 ms (best swept tile
-# 0.876) at 16384x4096x4096 on the H200 (results/h200/bench). Grouped: Triton always (the only exact one).
-HOPPER_GEMM = "cublas"  # "cublas" | "triton"
+_RUN_BACKEND: str | None = os.environ.get(ENV_VAR) or None
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def backend_available(name: str) -> tuple[bool, str]:
     if name == "reference":
         return True, ""
     if name == "triton":
-        if not torch.cuda.is_available():
-            return False, "backend 'triton' needs a CUDA GPU (none visible; TRITON_INTERPRET=1 is for tests)"
+        if not torch.cuda.is_available() and not _interpret():
+            return False, "backend 'triton' needs a CUDA GPU (none visible) or TRITON_INTERPRET=1 (CPU, tests)"
         try:
             import triton  # noqa: F401
         except ImportError as e:
-            return False, f"backend 'triton' needs triton: {e}"
+            return False, f"backend 'triton' needs triton ({e}); install the test extra or use 'reference'"
         return True, ""
     if name == "native":
         from minite_core.kernels.native import native_available
 
         return native_available()
-    return False, f"unknown kernel backend {name!r}; one of {list(BACKENDS)}"
+    return False, f"unknown kernel backend {name!r}; choose one of {list(BACKENDS)}"
+
+
+def set_backend(name: str | None) -> None:
+    """The run's kernel backend (run option `--kernels` / config key `kernels`; None or "auto" = automatic).
+    Checked now, so a bad choice fails before any work."""
+    global _RUN_BACKEND
+    name = None if name == "auto" else name
+    if name is not None:
+        ok, reason = backend_available(name)
+        if not ok:
+            raise ValueError(f"kernel backend {name!r} is not usable here: {reason}")
+    _RUN_BACKEND = name
+
+
+def current_backend() -> str:
+    """The backend a call without `backend=` uses now (what results record in their `env`)."""
+    return select_backend()
 
 
 def select_backend(backend: str | None = None) -> str:
-    """Argument > env MINITE_KERNELS > auto (native on sm_100+, triton on CUDA, reference on CPU)."""
-    name = backend or os.environ.get(ENV_VAR) or None
+    """Argument > run backend (set_backend / env MINITE_KERNELS) > auto (native on sm_100+, triton on CUDA,
+    reference on CPU)."""
+    name = backend or _RUN_BACKEND
     if name is None:
         if not torch.cuda.is_available():
             return "reference"
@@ -61,6 +79,12 @@ def select_backend(backend: str | None = None) -> str:
     if not ok:
         raise RuntimeError(f"kernel backend {name!r} is not usable here: {reason}")
     return name
+
+
+def fast_path(x: torch.Tensor, backend: str | None = None) -> bool:
+    """True when `x` goes through the Triton kernels (a GPU backend on CUDA, or triton under the interpreter)."""
+    name = select_backend(backend)
+    return name != "reference" and (x.is_cuda or _interpret())
 
 
 def _quant_kwargs(quant: Quant | None, kwargs: dict) -> dict:
@@ -76,11 +100,10 @@ def _quantize_impl(x, quant, amax, seed, rht, emit_dq, backend, check, kwargs):
     q = _quant_kwargs(quant, kwargs)
     if quant is not None and quant.static and amax is None:
         raise ValueError("Quant.static=True needs the calibrated amax (amax=...)")
-    name = select_backend(backend)
-    if name == "reference" or not x.is_cuda:
-        if name != "reference":
-            raise RuntimeError(f"backend {name!r} needs a CUDA tensor, got one on {x.device}")
-        from minite_core.kernels.quantize import quantize_reference
+    if not fast_path(x, backend):
+        if select_backend(backend) != "reference":
+            raise RuntimeError(f"backend {select_backend(backend)!r} needs a CUDA tensor, got one on {x.device}")
+        from minite_core.kernels.reference import quantize_reference
 
         return quantize_reference(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, check=check, **q)
     from minite_core.kernels.quantize import quantize_triton
@@ -91,7 +114,8 @@ def _quantize_impl(x, quant, amax, seed, rht, emit_dq, backend, check, kwargs):
 def quantize(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: int | None = None, rht: bool = False,
              *, backend: str | None = None, check: bool = True, **kwargs) -> ref.NVFP4Tensor:
     """x [M, K] -> NVFP4Tensor under `quant` (a profiles.Quant) or keyword overrides (block=, scale_mode=,
-    math=, rounding=). amax: static scale; seed: Philox/Generator seed for rounding="sr"; rht: RHT along K."""
+    math=, rounding=; Triton only: col_amax=, seg_seed=). amax: static scale; seed: the Philox stream of
+    rounding="sr"; rht: RHT along K."""
     t, _ = _quantize_impl(x, quant, amax, seed, rht, False, backend, check, kwargs)
     return t
 
@@ -103,8 +127,36 @@ def quantize_dq(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: in
     return t, DqOperand(dq, t.global_scale)
 
 
+def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: int | None = None,
+                  rht: bool = False, *, emit_dq: bool = False, backend: str | None = None, **kwargs):
+    """The along-token operand: x [T, C] -> (NVFP4Tensor of xᵀ [C, T] quantized along T, bf16 values or None).
+    Per-tensor scale (`amax` static or dynamic), or Triton only: col_amax= [T/16], seg_seed= (MoE experts)."""
+    q = _quant_kwargs(quant, kwargs)
+    if not fast_path(x, backend):
+        from minite_core.kernels.reference import quantize_reference
+
+        q.pop("scale_mode")
+        return quantize_reference(x.t(), scale_mode="tensor", amax=amax, seed=seed, rht=rht, emit_dq=emit_dq,
+                                  check=False, **q)
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    if tuple(q.pop("block")) != (1, 16):
+        raise NotImplementedError("the along-token quantizer takes 1x16 blocks (every profile's wgrad operands)")
+    q.pop("scale_mode")
+    return quantize_cols_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, **q)
+
+
 def as_dq(op) -> DqOperand:
-    return op if isinstance(op, DqOperand) else _gemm.dq_operand(op)
+    return op if isinstance(op, DqOperand) else DqOperand(dequantize_bf16(op), op.global_scale)
+
+
+def dequantize_bf16(t: ref.NVFP4Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """e2m1(q)·sf as bf16 (exact; no global scale): the Triton kernel on the fast path, torch otherwise."""
+    if fast_path(t.data, backend):
+        from minite_core.kernels.grouped import dequantize_triton
+
+        return dequantize_triton(t)
+    return ref.dequantize_unscaled(t).to(torch.bfloat16)
 
 
 def _dequant_fp32(op) -> torch.Tensor:
@@ -119,7 +171,8 @@ def _dequant_fp32(op) -> torch.Tensor:
 def gemm(a, b, out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch.Tensor:
     """y [M, N] = a_hat @ b_hat^T; a, b: NVFP4Tensor or DqOperand ([M, K], [N, K])."""
     name = select_backend(backend)
-    if name == "reference":
+    x = a.values_bf16 if isinstance(a, DqOperand) else a.data
+    if not fast_path(x, backend):
         return (_dequant_fp32(a) @ _dequant_fp32(b).t()).to(out_dtype)
     if name == "native":
         from minite_core.kernels.native import gemm_native
@@ -127,32 +180,49 @@ def gemm(a, b, out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch
         if isinstance(a, DqOperand) or isinstance(b, DqOperand):
             raise TypeError("backend 'native' takes NVFP4Tensor operands (packed codes), not DqOperand")
         return gemm_native(a, b, out_dtype)
+    from minite_core.kernels import gemm as _gemm
+
     a, b = as_dq(a), as_dq(b)
-    impl = _gemm.gemm_cublas if HOPPER_GEMM == "cublas" else _gemm.gemm_triton
+    # cuBLAS fp32-out + scale kernel: 0.832 ms vs the Triton fused GEMM's 0.956 ms at 16384x4096x4096 on the
+    # H200 (results/h200/bench); the Triton GEMM is used under the interpreter (no cuBLAS there).
+    impl = _gemm.gemm_triton if _interpret() and not x.is_cuda else _gemm.gemm_cublas
     return impl(a, b, out_dtype)
 
 
-def dq_experts(weights: list[ref.NVFP4Tensor]) -> DqOperand:
-    """Per-expert NVFP4 weights [N, K] -> one DqOperand [E, N, K] with S_dec [E] or [E, N, 1] (cache it)."""
-    ops = [_gemm.dq_operand(w) for w in weights]
-    return DqOperand(torch.stack([o.values_bf16 for o in ops]), torch.stack([o.global_scale for o in ops]))
-
-
-def grouped_gemm(a, b_experts, counts: torch.Tensor, out_dtype=torch.bfloat16, *, backend: str | None = None):
-    """MoE expert GEMM: rows of a [T, K] sorted by expert, counts [E]; b_experts: list of E NVFP4Tensor [N, K]
-    or a DqOperand [E, N, K]. Returns [T, N] with row t = a_hat[t] @ b_hat[expert(t)]^T."""
-    name = select_backend(backend)
-    if name == "native":
-        raise NotImplementedError("grouped native NVFP4 GEMM is not wired (no torch grouped fp4 op); use 'triton'")
-    b = b_experts if isinstance(b_experts, DqOperand) else dq_experts(list(b_experts))
-    if name == "reference":
+def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch.bfloat16, *, schedule=None,
+                 backend: str | None = None) -> torch.Tensor:
+    """MoE expert GEMM on the padded sorted layout: rows offs[e]:offs[e+1] of a [Tp, K] times b[e] [N, K]ᵀ."""
+    if not fast_path(a.values_bf16, backend):
         x, w = _dequant_fp32(a), _dequant_fp32(b)
-        outs, start = [], 0
-        for e, cnt in enumerate(counts.tolist()):
-            outs.append(x[start:start + cnt] @ w[e].t())
-            start += cnt
+        bounds = offs.tolist()  # reference path: host loop over experts
+        outs = [x[s:t] @ w[e].t() for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))]
         return torch.cat(outs, 0).to(out_dtype)
-    return _gemm.grouped_gemm_triton(as_dq(a), b, counts, out_dtype)  # exact; _grouped_mm has no fp32 out
+    from minite_core.kernels.grouped import grouped_gemm as _grouped
+
+    return _grouped(a, b, offs, out_dtype, schedule=schedule)
+
+
+def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,
+                  *, backend: str | None = None) -> torch.Tensor:
+    """wgrad of the MoE: [E, N, K] fp32, expert e = (a[:, seg_e] @ b[:, seg_e]ᵀ) · sa[e] · sb[e]."""
+    if not fast_path(a, backend):
+        bounds = offs.tolist()
+        return torch.stack([(a[:, s:t].float() @ b[:, s:t].float().t()) * (sa[e] * sb[e])
+                            for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))])
+    from minite_core.kernels.grouped import kgrouped_gemm as _kgrouped
+
+    return _kgrouped(a, sa, b, sb, offs)
+
+
+def grouped_schedule(offs: torch.Tensor, block_m: int | None, total_rows: int):
+    """Tile schedule of the fast grouped GEMM for this layout (None on the reference path); build once per MoE
+    layer forward and pass to every grouped_gemm of the layer."""
+    if not fast_path(offs):
+        return None
+    from minite_core.kernels import grouped
+
+    bm = block_m or grouped._config(grouped.GROUPED_CONFIG, grouped.SMALL, None, offs.device)["BLOCK_M"]
+    return grouped.grouped_schedule(offs, bm, total_rows)
 
 
 def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, amax=None,
@@ -165,8 +235,8 @@ def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, a
         x_in, x_scale = dq.values_bf16, dq.global_scale
     else:
         x_in, x_scale = x.to(torch.bfloat16), None
-    if name == "reference" or not x.is_cuda:
-        from minite_core.kernels.decode import decode_gemm_reference
+    if not fast_path(x, backend):
+        from minite_core.kernels.reference import decode_gemm_reference
 
         return decode_gemm_reference(x_in, w, x_scale=x_scale, out_dtype=out_dtype)
     from minite_core.kernels.decode import decode_gemm_triton
@@ -176,14 +246,15 @@ def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, a
 
 def prepare_weight(t: ref.NVFP4Tensor, *, backend: str | None = None):
     """A quantized weight in the form this backend's GEMM reads fastest (cache it once per optimizer step):
-    the bf16 `DqOperand` on Hopper (dequantized once instead of per GEMM), the packed NVFP4Tensor elsewhere."""
-    return as_dq(t) if t.data.is_cuda and select_backend(backend) == "triton" else t
+    the bf16 `DqOperand` on the Triton path (dequantized once instead of per GEMM), the packed NVFP4Tensor
+    elsewhere."""
+    return as_dq(t) if fast_path(t.data, backend) and select_backend(backend) == "triton" else t
 
 
 def gemm_w4a16(x: torch.Tensor, w, *, backend: str | None = None) -> torch.Tensor:
     """Marlin-style W4A16: y [M, N] = x @ ŵᵀ in fp32, x in high precision (bf16 on GPU: the products of bf16 x
     and the exact bf16 e2m1(q)·sf are exact in fp32), S_dec applied after the fp32 accumulation."""
-    if select_backend(backend) == "reference" or not x.is_cuda:
+    if not fast_path(x, backend) or not x.is_cuda:
         return x.float() @ _dequant_fp32(w).t()
     w = as_dq(w)
     gs = w.global_scale.float()

@@ -1,41 +1,43 @@
-"""Fused NVFP4 quantize in Triton: x [M, K] (fp32 / bf16) -> packed E2M1 codes + E4M3 block scales + S_dec.
+"""Fused NVFP4 quantize in Triton: x [M, K] (fp32 / bf16, any strides) -> packed E2M1 codes + E4M3 block scales
++ S_dec, optionally the exact bf16 copy `e2m1(q) * sf` (no global scale) that the Hopper GEMM consumes.
 
-What: one kernel for every quantizer knob of `profiles.Quant` — 1×16 or 16×16 blocks, per-tensor or per-row
-global scale, dynamic or static amax, `exact` or `fast` arithmetic, RNE or stochastic rounding, an optional
-random Hadamard transform along K (wgrad operands), and optionally the exact bf16 copy `e2m1(q) * sf` (no
-global scale) that the Hopper GEMM consumes (`kernels/gemm.py`).
+What: one kernel for every quantizer knob of `profiles.Quant` — 1×16 or 16×16 blocks, `exact` or `fast`
+arithmetic, RNE or stochastic rounding, an optional random Hadamard transform along K (wgrad operands) — and
+four sources of the global scale (`SCALE_SRC`):
+  0 "tensor"   one amax for the tensor (dynamic: a row-amax pass + torch.amax; static: given);
+  1 "row"      an amax per row, given ([M]): static per-token scales, and the MoE's per-expert per-tensor
+               scales (every row of an expert gets its expert's amax, so each expert is quantized exactly as a
+               tensor of its own);
+  2 "row-dyn"  per-row dynamic amax computed in the kernel (per-token scales): each program owns BLOCK_M full
+               rows and reads them twice (amax pass, then quantize; the second read mostly hits L2);
+  3 "col-seg"  an amax per 16-column block, given ([K/16]): the column-wise (along-token) wgrad operands of the
+               MoE, where K runs over tokens sorted by expert and every 16-block belongs to one expert.
+Strides are arguments, so the along-token operand xᵀ is quantized straight from x [T, C] (a transposed view)
+with no transpose copy.
 
 Bit-exactness with `formats.nvfp4.quantize` (tests compare codes and scales with atol=0):
 - every fp32 product is spelled in the reference's order; divisions use `div_rn` (Triton's `/` on fp32 is
-  `div.full.f32`, ~2 ulp, which would change S_enc and enc); no a*b+c pattern exists, so FMA contraction
-  cannot change a result;
+  `div.full.f32`, ~2 ulp); no a*b+c pattern exists, so FMA contraction cannot change a result;
 - the E4M3 cast is done arithmetically (RNE on the fp32 bits for normals, `(v + 2^14) - 2^14` for the 2^-9
-  subnormal grid) and the byte is assembled by hand, so neither the interpreter's nor the GPU's fp8 cast
-  behaviour matters;
-- E2M1 uses the reference's seven threshold compares (`formats/e2m1.py`), the RHT the reference's butterfly
-  order (4 add/sub stages, then the exact x0.25).
-Stochastic rounding draws Philox uniforms (`tl.rand(seed, element index)`) instead of a torch.Generator:
-statistically equivalent (same p_up formula), not the same bits — tests check unbiasedness.
+  subnormal grid) and the byte is assembled by hand, so neither the interpreter's nor the GPU's fp8 cast matters;
+- E2M1 rounds by region instead of the reference's seven threshold compares (`formats/e2m1.py`), with the same
+  result: the grid is {0, .5, 1, 1.5, 2} (step 1/2), {3, 4} (step 1), {6} (step 2), and ties-to-even *code* is
+  round-half-even of |v| / step (0.25->0, 1.25->1, 2.5->2, 3.5->4, 5->4), done with the fp32 magic-number
+  trick (y + 2^23) - 2^23 (the scalings are powers of two, so FMA contraction cannot change it) — about half the
+  instructions (the quantizer is instruction-bound: ncu on the H200, 64% SM throughput vs 49% DRAM, 80 registers);
+  the RHT uses the reference's butterfly order;
+- stochastic rounding draws `tl.randint4x(seed, (row << 32) + col // 4)` (output col % 4; one Philox call per 4
+  elements: the SR variant measured 0.61 ms with one call per element), which `formats.philox.uniform_grid`
+  reproduces bit for bit, so SR codes are equal too. With `seg_seed` the seed and the row (or, in "col-seg", the
+  column) index come per row/column from arrays: each MoE expert draws from its own stream with expert-local
+  indices, exactly as the per-expert reference does (segments are 16-aligned, so a group of 4 columns never
+  straddles two experts).
 
-Amax (dynamic): per row it is fused — each program owns BLOCK_M full rows, loops over K once for the row
-amax and once to quantize (the second read is served mostly by L2: a program's rows are BLOCK_M*K*2 bytes).
-Per tensor it cannot be fused without a grid-wide barrier, so a first kernel writes the row amax [M] and
-`torch.amax` reduces it (deterministic; 1.5x the input reads). A static amax skips that pass entirely.
-With 16×16 tiles, 16 rows share a scale tile, so BLOCK_M is fixed at 16 there.
-K is a constexpr (one compile per layer width; also what keeps TRITON_INTERPRET working with numpy >= 2.4,
-whose int() of a size-1 array — the interpreter's runtime loop bound — raises).
-
-KERNELS notes (H200, results/h200/bench/kernels.json, x = 16384x4096 bf16, medians of one run):
-D2D copy of x: 0.072 ms (3.73 TB/s read+write). Quantize: 1x16 row-dynamic 0.21-0.25 ms (+bf16 dq copy:
-0.24 ms), tensor-dynamic (amax pass + quantize) 0.28 ms, tensor-static 0.38-0.39 ms (sic: slower than the
-two-pass dynamic row kernel; first variant timed, wide p20-p80 0.33-0.46 — re-measure), 16x16 0.56 ms,
-fast 0.38 ms, SR 0.75 ms (Philox costs), RHT fused 0.28 ms. That is 0.6-1.3 TB/s of compulsory traffic, i.e.
-~17-34% of copy bandwidth: the >= 70% target is NOT met. The kernel is instruction-bound, not memory-bound
-(per element: 7 compares for E2M1, the [BM, BK/16, 16] reshape-reductions and the nibble split go through
-layout conversions). Next steps: vectorise the encode on packed pairs, compute block amax with a
-16-lane-contiguous layout (tl.reshape(can_reorder)), and a persistent grid. Tile sweep (row-dynamic):
-(BLOCK_M, BLOCK_K, warps) = (16, 256, 4) 0.208 ms best; (4, 512, 4) 0.226; (8, 256, 4) 0.250;
-(16, 512, 8) 0.246; (32, 256, 8) 0.260; (16, 128, 4) 0.265.
+KERNELS notes (H200, results/h200/bench/kernels.json, x = 16384x4096 bf16, medians of one run, the previous
+version of this kernel): D2D copy 0.072 ms (3.73 TB/s). 1x16 row-dynamic 0.21-0.25 ms, tensor-dynamic 0.28 ms,
+16x16 0.56 ms, SR 0.75 ms, RHT 0.28 ms: 17-34% of copy bandwidth, instruction-bound (7 compares per element for
+E2M1, reshape-reductions for the block amax). Tile sweep (row-dynamic): (BLOCK_M, BLOCK_K, warps) = (16, 256, 4)
+0.208 ms best; (4, 512, 4) 0.226; (8, 256, 4) 0.250; (16, 512, 8) 0.246; (32, 256, 8) 0.260; (16, 128, 4) 0.265.
 """
 from __future__ import annotations
 
@@ -44,11 +46,15 @@ import triton
 import triton.language as tl
 
 from minite_core.formats import nvfp4 as ref
+from minite_core.kernels import interpret  # noqa: F401  (patches Triton's interpreter when TRITON_INTERPRET=1)
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH_FP32 = tl.constexpr(0.1666666716337204)  # fp32(1/6), the reference's _ONE_SIXTH
 # Tile defaults; the bench's sweep (bench/kernels.py "quantize-tile") re-measures them on the GPU.
-BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 16, 256, 4
+# H200 sweep, 1x16 row-dynamic on 16384x4096 bf16: (8, 256, 4) 0.197 ms; (16, 512, 8) 0.204; (32, 256, 8) 0.219;
+# (4, 512, 4) 0.229; (16, 256, 4) 0.211-0.253; (16, 128, 4) 0.265.
+BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 8, 256, 4
+SCALE_SRC = {"tensor": 0, "row": 1, "row-dyn": 2, "col-seg": 3}
 
 
 @triton.jit
@@ -80,9 +86,11 @@ def _rht16(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(x_ptr, rows, cols, M, K, stride_xm, RHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr):
     mask = (rows[:, None] < M) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :].to(tl.int64) * stride_xk
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     if RHT:
         x = _rht16(x, BLOCK_M, BLOCK_K)
     return x
@@ -110,18 +118,56 @@ def _e4m3_rne(v):
 
 
 @triton.jit
+def _e2m1_rne(a):
+    """|v| (fp32, >= 0) -> (magnitude code 0..7 int32, its value fp32), round to nearest, ties to even code."""
+    a = tl.minimum(a, 6.0)
+    step = tl.where(a < 2.0, 0.5, tl.where(a < 4.0, 1.0, 2.0))
+    r = (a / step + 8388608.0) - 8388608.0  # a / step is exact (a power-of-two step); RNE to an integer
+    base = tl.where(a < 2.0, 0, tl.where(a < 4.0, 2, 4))  # code offset of the region
+    return r.to(tl.int32) + base, r * step
+
+
+@triton.jit
 def _e2m1_mag(c):
     """Magnitude of codes 0..7 (int32) as fp32."""
     return tl.where(c < 4, c.to(tl.float32) * 0.5, tl.where(c == 7, 6.0, (c - 2).to(tl.float32)))
 
 
 @triton.jit
+def _to_uniform(x):
+    """uint32 -> fp32 in [0, 1), as Triton's `uint_to_uniform_float` (and `formats.philox.to_uniform`)."""
+    x = x.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, -x - 1, x)
+    return x.to(tl.float32) * 4.6566127342e-10
+
+
+@triton.jit
+def _uniforms(seed, ctr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """u [BM, BK] from one randint4x per 4 columns; seed/ctr broadcast to [BM, BK // 4]; column c takes output c % 4."""
+    r0, r1, r2, r3 = tl.randint4x(seed, ctr)
+    u = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [BM, BK/4, 2, 2]: [..., a, b] = output 2a + b
+    return _to_uniform(tl.reshape(u, [BLOCK_M, BLOCK_K]))
+
+
+@triton.jit
+def _sr_magnitude(a, u):
+    """Stochastic rounding of |v| = a (fp32) with uniforms u: round up with probability (a - lo) / (hi - lo)."""
+    a = tl.minimum(a, 6.0)
+    lo_c = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)
+            + (a >= 2.0).to(tl.int32) + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32))
+    lo = _e2m1_mag(lo_c)
+    hi = _e2m1_mag(lo_c + 1)
+    p_up = (a - lo) / (hi - lo)  # hi - lo is a power of two: exact either way
+    mag = lo_c + (u < p_up).to(tl.int32)
+    return tl.where(a >= 6.0, 7, mag)
+
+
+@triton.jit
 def _quantize_kernel(
-    x_ptr, data_ptr, scale_ptr, sdec_ptr, dq_ptr, amax_ptr,
-    M, K: tl.constexpr, stride_xm, seed,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    TWO_D: tl.constexpr, ROW_SCALE: tl.constexpr, FUSED_AMAX: tl.constexpr,
-    FAST: tl.constexpr, SR: tl.constexpr, RHT: tl.constexpr, EMIT_DQ: tl.constexpr,
+    x_ptr, data_ptr, scale_ptr, sdec_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
+    M, K, stride_xm, stride_xk, seed,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TWO_D: tl.constexpr, SCALE_SRC: tl.constexpr,
+    FAST: tl.constexpr, SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, EMIT_DQ: tl.constexpr,
 ):
     # M = rows, K = reduction dim, NB = BLOCK_K // 16 scale blocks per tile row
     NB: tl.constexpr = BLOCK_K // 16
@@ -129,37 +175,51 @@ def _quantize_kernel(
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
     rmask = rows < M
 
-    # ---- global scale: S_enc per row (row mode) or one per tensor, broadcast to (BM,)
-    if FUSED_AMAX:  # dynamic per-row amax: first pass over K
+    # ---- global scale per row (BM,) or per 16-block (col-seg, loaded in the K loop)
+    if SCALE_SRC == 2:  # dynamic per-row amax: first pass over K
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, RHT, BLOCK_M, BLOCK_K)
+            x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    elif ROW_SCALE:
+    elif SCALE_SRC == 1:
         amax = tl.load(amax_ptr + rows, mask=rmask, other=1.0)
     else:
         amax = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(amax_ptr)
-    s_enc, s_dec = _global_scales(amax)  # (BM,)
-    if ROW_SCALE:
-        tl.store(sdec_ptr + rows, s_dec, mask=rmask)
-    else:
+    s_enc_row, s_dec_row = _global_scales(amax)  # (BM,)
+    if SCALE_SRC == 1 or SCALE_SRC == 2:
+        tl.store(sdec_ptr + rows, s_dec_row, mask=rmask)
+    elif SCALE_SRC == 0:
         if pid == 0:
-            tl.store(sdec_ptr, tl.max(s_dec, axis=0))
+            tl.store(sdec_ptr, tl.max(s_dec_row, axis=0))
+    if SR:
+        if SEG_SEED and SCALE_SRC != 3:  # per-row stream (MoE expert) and expert-local row index
+            seed_r = tl.load(seed_ptr + rows, mask=rmask, other=0)[:, None]
+            ctr_row = tl.load(index_ptr + rows, mask=rmask, other=0).to(tl.int64)[:, None] << 32
+        else:
+            seed_r = seed
+            ctr_row = rows.to(tl.int64)[:, None] << 32
 
     # ---- quantize pass
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
-        x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, RHT, BLOCK_M, BLOCK_K)  # (BM, BK) fp32
+        x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)  # (BM, BK) fp32
         bamax = tl.max(tl.reshape(tl.abs(x), [BLOCK_M, NB, 16]), axis=2)  # (BM, NB)
         if TWO_D:  # 16x16 tile amax, replicated on the tile's 16 rows (BLOCK_M == 16)
             bamax = tl.broadcast_to(tl.max(bamax, axis=0)[None, :], [BLOCK_M, NB])
-        se = s_enc[:, None]
+        bcols = k0 // 16 + tl.arange(0, NB)
+        if SCALE_SRC == 3:  # one amax per 16-column block
+            s_enc_b, s_dec_b = _global_scales(tl.load(amax_ptr + bcols, mask=bcols < K // 16, other=0.0))
+            se = tl.broadcast_to(s_enc_b[None, :], [BLOCK_M, NB])
+            sd = tl.broadcast_to(s_dec_b[None, :], [BLOCK_M, NB])
+        else:
+            se = tl.broadcast_to(s_enc_row[:, None], [BLOCK_M, NB])
+            sd = tl.broadcast_to(s_dec_row[:, None], [BLOCK_M, NB])
         if FAST:
             sf_hp = tl.minimum(se * (bamax * ONE_SIXTH_FP32), 448.0)
         else:
             sf_hp = tl.minimum(bamax * (se * ONE_SIXTH_FP32), 448.0)
         sf, sf_byte = _e4m3_rne(sf_hp)  # (BM, NB)
-        denom = sf * s_dec[:, None]
+        denom = sf * sd
         enc_raw = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
         if FAST:
             enc = tl.where(sf == 0.0, 0.0, enc_raw)
@@ -168,20 +228,17 @@ def _quantize_kernel(
         v = tl.reshape(tl.reshape(x, [BLOCK_M, NB, 16]) * enc[:, :, None], [BLOCK_M, BLOCK_K])
         a = tl.abs(v)
         if SR:
-            offs = (rows[:, None].to(tl.int64) * K + cols[None, :]).to(tl.uint32)
-            u = tl.rand(seed, offs)
-            a = tl.minimum(a, 6.0)
-            lo_c = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)
-                    + (a >= 2.0).to(tl.int32) + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32))
-            lo = _e2m1_mag(lo_c)
-            hi = _e2m1_mag(lo_c + 1)
-            p_up = (a - lo) / (hi - lo)  # hi - lo is a power of two: exact either way
-            mag = lo_c + (u < p_up).to(tl.int32)
-            mag = tl.where(a >= 6.0, 7, mag)
+            c4 = k0 + tl.arange(0, BLOCK_K // 4) * 4  # first column of each group of 4
+            if SEG_SEED and SCALE_SRC == 3:  # per-column stream (MoE expert) and expert-local column index
+                cm = c4 < K
+                seed_c = tl.load(seed_ptr + c4, mask=cm, other=0)[None, :]
+                local4 = tl.load(index_ptr + c4, mask=cm, other=0).to(tl.int64)[None, :] >> 2
+                u = _uniforms(seed_c, (rows.to(tl.int64)[:, None] << 32) + local4, BLOCK_M, BLOCK_K)
+            else:
+                u = _uniforms(seed_r, ctr_row + (c4.to(tl.int64) >> 2)[None, :], BLOCK_M, BLOCK_K)
+            mag = _sr_magnitude(a, u)
         else:
-            mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-                   + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-                   + (a > 5.0).to(tl.int32))
+            mag, val = _e2m1_rne(a)
         code = mag | ((v < 0.0).to(tl.int32) << 3)  # (BM, BK)
 
         lo_n, hi_n = tl.split(tl.reshape(code, [BLOCK_M, BLOCK_K // 2, 2]))
@@ -189,11 +246,11 @@ def _quantize_kernel(
         pcols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         pmask = rmask[:, None] & (pcols[None, :] < K // 2)
         tl.store(data_ptr + rows[:, None].to(tl.int64) * (K // 2) + pcols[None, :], byte, mask=pmask)
-        scols = k0 // 16 + tl.arange(0, NB)
-        smask = rmask[:, None] & (scols[None, :] < K // 16)
-        tl.store(scale_ptr + rows[:, None].to(tl.int64) * (K // 16) + scols[None, :], sf_byte.to(tl.uint8), mask=smask)
+        smask = rmask[:, None] & (bcols[None, :] < K // 16)
+        tl.store(scale_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sf_byte.to(tl.uint8), mask=smask)
         if EMIT_DQ:  # e2m1(q) * sf, exact in bf16
-            val = _e2m1_mag(mag)
+            if SR:
+                val = _e2m1_mag(mag)
             val = tl.where(v < 0.0, -val, val)
             dq = tl.reshape(tl.reshape(val, [BLOCK_M, NB, 16]) * sf[:, :, None], [BLOCK_M, BLOCK_K])
             dmask = rmask[:, None] & (cols[None, :] < K)
@@ -201,13 +258,28 @@ def _quantize_kernel(
 
 
 @triton.jit
-def _row_amax_kernel(x_ptr, amax_ptr, M, K: tl.constexpr, stride_xm, RHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _row_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, RHT, BLOCK_M, BLOCK_K)
+        x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
     tl.store(amax_ptr + rows, amax, mask=rows < M)
+
+
+@triton.jit
+def _block_amax_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """out[pid_m, j] = amax of |x| (after RHT along K) over rows of program pid_m and 16-column block j."""
+    NB: tl.constexpr = BLOCK_K // 16
+    pid_m, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
+    bamax = tl.max(tl.max(tl.reshape(tl.abs(x), [BLOCK_M, NB, 16]), axis=2), axis=0)  # (NB,)
+    bcols = pid_k * NB + tl.arange(0, NB)
+    tl.store(out_ptr + pid_m.to(tl.int64) * (K // 16) + bcols, bamax, mask=bcols < K // 16)
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -215,14 +287,29 @@ def _block_k(k: int, block_k: int) -> int:
     return max(16, min(block_k, triton.next_power_of_2(k)))
 
 
-def row_amax(x: torch.Tensor, *, rht: bool = False, block_m: int = BLOCK_M_DEFAULT, block_k: int = BLOCK_K_DEFAULT) -> torch.Tensor:
-    """amax of |x| (after RHT along K when rht) per row, fp32 [M]."""
+def _strides(x: torch.Tensor) -> tuple[int, int]:
+    return x.stride(0), x.stride(1)
+
+
+def row_amax(x: torch.Tensor, *, rht: bool = False, block_m: int = BLOCK_M_DEFAULT,
+             block_k: int = BLOCK_K_DEFAULT) -> torch.Tensor:
+    """amax of |x| (after RHT along K when rht) per row, fp32 [M]. x may be any 2D strided view."""
     m, k = x.shape
     out = torch.empty(m, dtype=torch.float32, device=x.device)
-    bk = _block_k(k, block_k)
-    _row_amax_kernel[(triton.cdiv(m, block_m),)](x, out, m, k, x.stride(0), RHT=rht, BLOCK_M=block_m, BLOCK_K=bk,
-                                                 num_warps=NUM_WARPS_DEFAULT)
+    _row_amax_kernel[(triton.cdiv(m, block_m),)](x, out, m, k, *_strides(x), RHT=rht, BLOCK_M=block_m,
+                                                 BLOCK_K=_block_k(k, block_k), num_warps=NUM_WARPS_DEFAULT)
     return out
+
+
+def block_amax(x: torch.Tensor, *, rht: bool = False, block_m: int = 64, block_k: int = 128) -> torch.Tensor:
+    """amax of |x| (after RHT along K when rht) per 16-column block over all rows, fp32 [K/16]."""
+    m, k = x.shape
+    bk = _block_k(k, block_k)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(k, bk))
+    out = torch.empty(grid[0], k // 16, dtype=torch.float32, device=x.device)
+    _block_amax_kernel[grid](x, out, m, k, *_strides(x), RHT=rht, BLOCK_M=block_m, BLOCK_K=bk,
+                             num_warps=NUM_WARPS_DEFAULT)
+    return out.amax(0)
 
 
 def quantize_triton(
@@ -237,13 +324,18 @@ def quantize_triton(
     rht: bool = False,
     emit_dq: bool = False,
     check: bool = True,
+    col_amax: torch.Tensor | None = None,
+    seg_seed: tuple[torch.Tensor, torch.Tensor] | None = None,
     four_over_six: str = "off",
     block_m: int = BLOCK_M_DEFAULT,
     block_k: int = BLOCK_K_DEFAULT,
     num_warps: int = NUM_WARPS_DEFAULT,
 ) -> tuple[ref.NVFP4Tensor, torch.Tensor | None]:
     """Launcher. Returns (NVFP4Tensor, bf16 e2m1(q)*sf [M, K] or None). Same arguments as the reference's
-    `quantize` except `seed` (Philox, for rounding="sr") replaces `generator`, plus `rht` / `emit_dq`."""
+    `quantize` (`seed` = the Philox stream of rounding="sr"), plus `rht` / `emit_dq`, and for the MoE:
+    `amax` of shape [M] with scale_mode="row" = one static amax per row; `col_amax` [K/16] = one amax per
+    16-column block ("col-seg"; the returned global_scale is then empty: the caller owns the per-segment S_dec);
+    `seg_seed` = (seeds int64, indices int64) per row — or per column with col_amax — for rounding="sr"."""
     if four_over_six != "off":
         raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
                                   "MINITE_KERNELS=reference (formats/four_over_six.py)")
@@ -251,10 +343,8 @@ def quantize_triton(
     ref._validate(x, block, check)  # same ValueErrors as the reference (shape, K % 16, non-finite)
     if scale_mode not in ("tensor", "row") or math not in ("exact", "fast") or rounding not in ("rne", "sr"):
         raise ValueError(f"bad quantizer settings scale_mode={scale_mode!r} math={math!r} rounding={rounding!r}")
-    if rounding == "sr" and seed is None:
+    if rounding == "sr" and seed is None and seg_seed is None:
         raise ValueError("rounding='sr' needs an explicit integer seed (no hidden global RNG)")
-    if x.stride(1) != 1:
-        x = x.contiguous()
     m, k = x.shape
     two_d = block == (16, 16)
     bm = 16 if two_d else block_m
@@ -262,44 +352,28 @@ def quantize_triton(
     dev = x.device
     data = torch.empty(m, k // 2, dtype=torch.uint8, device=dev)
     scale = torch.empty(m, k // 16, dtype=torch.float8_e4m3fn, device=dev)
-    row = scale_mode == "row"
-    sdec = torch.empty((m, 1) if row else (), dtype=torch.float32, device=dev)
     dq = torch.empty(m, k, dtype=torch.bfloat16, device=dev) if emit_dq else data  # dummy pointer when unused
-    fused = row and amax is None
-    if amax is None:
-        amax_t = sdec if row else row_amax(x, rht=rht, block_m=bm, block_k=bk).amax()  # sdec: dummy, unread
+    if col_amax is not None:
+        src, amax_t = SCALE_SRC["col-seg"], col_amax.to(dev, torch.float32).contiguous()
+        sdec = torch.empty(0, dtype=torch.float32, device=dev)
+    elif scale_mode == "row":
+        sdec = torch.empty((m, 1), dtype=torch.float32, device=dev)
+        if amax is None:
+            src, amax_t = SCALE_SRC["row-dyn"], sdec  # dummy, unread
+        else:
+            src, amax_t = SCALE_SRC["row"], ref._amax(torch.empty(m, 0, device=dev), "row", amax).to(dev).contiguous()
     else:
-        amax_t = ref._amax(torch.empty(m, 0, device=dev), scale_mode, amax)  # validated, [] or (M, 1)
-        amax_t = amax_t.to(dev, torch.float32).contiguous()
+        sdec = torch.empty((), dtype=torch.float32, device=dev)
+        src = SCALE_SRC["tensor"]
+        if amax is None:
+            amax_t = row_amax(x, rht=rht, block_m=bm, block_k=bk).amax()
+        else:
+            amax_t = ref._amax(torch.empty(m, 0, device=dev), "tensor", amax).to(dev, torch.float32).contiguous()
+    seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
     _quantize_kernel[(triton.cdiv(m, bm),)](
-        x, data, scale.view(torch.uint8), sdec, dq, amax_t,
-        m, k, x.stride(0), 0 if seed is None else int(seed) & 0x7FFFFFFF,
-        BLOCK_M=bm, BLOCK_K=bk, TWO_D=two_d, ROW_SCALE=row, FUSED_AMAX=fused,
-        FAST=math == "fast", SR=rounding == "sr", RHT=rht, EMIT_DQ=emit_dq, num_warps=num_warps,
+        x, data, scale.view(torch.uint8), sdec, dq, amax_t, seeds, index,
+        m, k, *_strides(x), 0 if seed is None else int(seed),
+        BLOCK_M=bm, BLOCK_K=bk, TWO_D=two_d, SCALE_SRC=src, FAST=math == "fast", SR=rounding == "sr",
+        SEG_SEED=seg_seed is not None, RHT=rht, EMIT_DQ=emit_dq, num_warps=num_warps,
     )
     return ref.NVFP4Tensor(data=data, scale=scale, global_scale=sdec), (dq if emit_dq else None)
-
-
-def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, rounding="rne", math="exact",
-                       seed=None, rht=False, emit_dq=False, check=True, four_over_six="off", **_tiles):
-    """The plain torch reference behind the same signature (`formats`): RHT pre-pass, then `nvfp4.quantize`
-    (or `four_over_six.quantize_4over6` when four_over_six is "mae" / "mse")."""
-    from minite_core.formats.rht import rht as rht_fn
-
-    if four_over_six != "off":
-        from minite_core.formats.four_over_six import quantize_4over6
-
-        if rounding != "rne" or math != "exact" or rht:
-            raise ValueError(f"4over6 needs rounding='rne', math='exact' and no RHT, got rounding={rounding!r} "
-                             f"math={math!r} rht={rht} (TE 2.20 refuses the same combinations)")
-        t = quantize_4over6(x, block=block, scale_mode=scale_mode, amax=amax, err_mode=four_over_six, check=check)
-        return t, (ref.dequantize_unscaled(t).to(torch.bfloat16) if emit_dq else None)
-    gen = None
-    if rounding == "sr":
-        if seed is None:
-            raise ValueError("rounding='sr' needs an explicit integer seed (no hidden global RNG)")
-        gen = torch.Generator(device=x.device).manual_seed(int(seed))
-    x_in = rht_fn(x) if rht else x
-    t = ref.quantize(x_in, block=block, scale_mode=scale_mode, amax=amax, rounding=rounding, math=math,
-                     generator=gen, check=check)
-    return t, (ref.dequantize_unscaled(t).to(torch.bfloat16) if emit_dq else None)

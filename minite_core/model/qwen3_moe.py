@@ -8,8 +8,8 @@ Same function as transformers' Qwen3MoeForCausalLM / Qwen3ForCausalLM (parity-te
 module and parameter names where transformers has them (`model.layers.{i}.self_attn.q_proj`, `.mlp.gate`, ...),
 so forward hooks and the first-divergence trace address both engines alike. Differences from transformers:
 - Experts are two GroupedLinear, `mlp.experts.gate_up` [E, 2I, D] (gate rows first, like transformers 5's fused
-  `gate_up_proj`) and `mlp.experts.down` [E, D, I], run on tokens sorted by expert (the grouped-GEMM layout the
-  NVFP4 kernels take) instead of transformers' per-expert gather loop.
+  `gate_up_proj`) and `mlp.experts.down` [E, D, I], run on tokens sorted by expert with 16-aligned segments
+  (`nn.moe_layout`, the grouped-GEMM layout the kernels take) instead of transformers' per-expert gather loop.
 - The top-k expert outputs of a token are summed in fp32 in rank order (deterministic); transformers
   index_adds them in the hidden dtype in expert order. Identical in fp32 up to rounding.
 - Precision comes from the profile (`set_profile`), not from the parameter dtype: parameters stay in whatever
@@ -32,6 +32,7 @@ from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.nn.linear import torch_dtype
+from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
 from minite_core.profiles import PROFILES, Profile, get_profile
 
 
@@ -43,8 +44,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_fp32 = x.float()
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """residual given: normalise the fp32 sum x + residual before it is rounded (fused add-norm)."""
+        x_fp32 = x.float() if residual is None else x.float() + residual.float()
         x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight.to(x.dtype) * x_fp32.to(x.dtype)
 
@@ -63,8 +65,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin  # x: (B, H, T, Dh)
+def cast(x: torch.Tensor, dtype: torch.dtype, rounding: str = "rne") -> torch.Tensor:
+    """x -> dtype; rounding "rtz" truncates fp32 -> bf16 (drops the low 16 bits, as vLLM's AVX2 CPU kernels),
+    "rne" is torch's cast. Profile knob `kernel_rounding`."""
+    if rounding == "rtz" and x.dtype == torch.float32 and dtype == torch.bfloat16:
+        return (x.contiguous().view(torch.int32) & -65536).view(torch.float32).to(dtype)  # exact: low bits are 0
+    return x.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None,
+               rounding: str = "rne") -> torch.Tensor:
+    """x (B, H, T, Dh) rotated. dtype None: in x's dtype, each product and the sum rounded (transformers);
+    else in `dtype` with one rounding back to x's dtype (profile knobs rope_dtype, kernel_rounding; vLLM's
+    CPU kernel: fp32, truncated). bf16 products are exact in fp32, so fp32 is bitwise with or without FMA."""
+    if dtype is None or dtype == x.dtype:
+        return x * cos + _rotate_half(x) * sin
+    xd = x.to(dtype)
+    return cast(xd * cos.to(dtype) + _rotate_half(xd) * sin.to(dtype), x.dtype, rounding)
 
 
 class Attention(nn.Module):
@@ -92,14 +109,15 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        p = self.o_proj.profile
+        rope_dtype = torch_dtype(p.rope_dtype) if p.rope_dtype else None  # profile knob: rotation precision
+        q, k = (apply_rope(t, cos, sin, rope_dtype, p.kernel_rounding) for t in (q, k))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
-        p = self.o_proj.profile
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
-                                           is_causal=mask is None,
-                                           enable_gqa=self.num_heads != self.num_kv_heads).to(q.dtype)  # (B, H, T, Dh)
+                                           is_causal=mask is None, enable_gqa=self.num_heads != self.num_kv_heads)
+        o = cast(o, q.dtype, p.kernel_rounding)  # (B, H, T, Dh)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 
@@ -118,17 +136,17 @@ class DenseMLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts as two grouped GEMMs over tokens sorted by expert."""
+    """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up = GroupedLinear(num_experts, hidden_size, 2 * intermediate_size)  # [E, 2I, D], gate first
         self.down = GroupedLinear(num_experts, intermediate_size, hidden_size)  # [E, D, I]
 
-    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # x_sorted: (N*K, D) grouped by expert; counts: (E,) -> (N*K, D)
-        gate, up = self.gate_up(x_sorted, counts).chunk(2, dim=-1)  # (N*K, I) each
-        return self.down(F.silu(gate) * up, counts)
+    def forward(self, x_pad: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+        # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
+        gate, up = self.gate_up(x_pad, layout).chunk(2, dim=-1)  # (Tp, I) each
+        return self.down(F.silu(gate) * up, layout)
 
 
 class SparseMoE(nn.Module):
@@ -154,14 +172,10 @@ class SparseMoE(nn.Module):
         B, T, D = x.shape
         x_flat = x.reshape(-1, D)  # (N, D)
         top_w, top_idx = self.route(x_flat)
-        flat_idx = top_idx.reshape(-1)  # (N*K,)
-        order = torch.argsort(flat_idx, stable=True)  # (N*K,) assignment slots sorted by expert
-        counts = torch.bincount(flat_idx, minlength=self.num_experts)  # (E,)
-        y_sorted = self.experts(x_flat[order // self.top_k], counts)  # (N*K, D)
-        y_sorted = (y_sorted * top_w.reshape(-1)[order, None]).float()  # weight in router dtype, sum in fp32
-        y = torch.empty_like(y_sorted)
-        y[order] = y_sorted  # back to (token, rank) order
-        return y.view(B * T, self.top_k, D).sum(dim=1).to(x.dtype).view(B, T, D)
+        layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
+        y_pad = self.experts(permute(x_flat, layout), layout)  # (Tp, D)
+        # weight in the router dtype, the k rows of a token summed in fp32 in rank order
+        return combine(y_pad, top_w, layout).to(x.dtype).view(B, T, D)
 
 
 class DecoderLayer(nn.Module):
@@ -175,6 +189,16 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, mask, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x, delta, cos, sin, mask, cache):
+        """Profile knob fused_add_norm (vLLM's fused_add_rms_norm): each norm after a residual add normalises the
+        fp32 sum, the stream keeps the rounded sum. x: stream without `delta`, the previous layer's MLP output
+        (None for layer 0). Returns (stream without this layer's MLP output, MLP output)."""
+        h = self.input_layernorm(x) if delta is None else self.input_layernorm(x, delta)
+        x = x if delta is None else x + delta
+        a = self.self_attn(h, cos, sin, mask, cache)
+        h = self.post_attention_layernorm(x, a)
+        return x + a, self.mlp(h)
 
 
 class Decoder(nn.Module):
@@ -222,11 +246,17 @@ class CausalLM(nn.Module):
 
         x = self.model.embed_tokens(input_ids).to(dtype)  # (B, T, D)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache)
+        if self.profile.fused_add_norm:
+            delta = None
+            for layer in self.model.layers:
+                x, delta = layer.forward_fused(x, delta, cos, sin, mask, cache)
+            x = self.model.norm(x, delta)
+        else:
+            for layer in self.model.layers:
+                x = layer(x, cos, sin, mask, cache)
+            x = self.model.norm(x)
         if cache is not None:
             cache.advance(T)
-        x = self.model.norm(x)
         return self.lm_head(x.to(torch_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
 
     @staticmethod

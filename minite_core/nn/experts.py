@@ -1,37 +1,206 @@
-"""GroupedLinear: the MoE expert GEMM (tokens sorted by expert) under an execution profile.
+"""GroupedLinear: the MoE expert GEMM on the padded sorted layout (`nn.moe_layout`) under an execution profile.
 
-Each expert's slice is one `nn.linear.linear` call, so an expert GEMM has exactly the numerics of a dense
-QuantLinear on its tokens: per-tensor dynamic activation scales are per expert (as TE's grouped GEMM, one
-quantizer per split), per-token scales are per token, and a static scale (calibrated) is one amax for the
-whole grouped GEMM. Stochastic-rounding seeds differ per expert. The loop is the reference; GPU backends
-could replace it with one grouped kernel (`kernels.dispatch.grouped_gemm`, benchmarked but not yet wired here).
+Numerics (the reference, and the contract of the fast path): each expert's segment is one `nn.linear.linear`
+call, so an expert GEMM has exactly the numerics of a dense QuantLinear on its tokens — per-tensor dynamic
+activation scales are per expert (as TE's grouped GEMM, one quantizer per split), per-token scales are per token,
+a static scale (calibrated) is one amax for the whole grouped GEMM, and each expert draws stochastic rounding
+from its own seed (`expert_seed`). Pad rows are zeros and change none of it.
+
+Two implementations:
+- reference (CPU, `kernels: reference`): a host loop over experts calling `linear` — plain torch, the spec;
+- fast (GPU, or Triton's interpreter): no per-expert loop and no host sync. BF16 goes through
+  `torch._grouped_mm` (forward, dgrad, and wgrad as a K-grouped 2D x 2D product), the weight cast to bf16 once
+  per weight version — the BF16 MoE as torchtitan/Megatron users run it. NVFP4 goes through the grouped Triton
+  kernels (`kernels.grouped`) with the quantizers of `kernels.quantize`: forward = x quantized along K (per-token
+  scales, or per-expert amaxes broadcast to rows) x the cached per-expert weight operand; dgrad = dy quantized
+  along N with per-expert SR streams x the cached Wᵀ operand; wgrad = dyᵀ and the saved packed xᵀ (quantized
+  along tokens per expert, RHT first under TE's recipe) in a K-grouped GEMM. Codes and scales equal the
+  reference's bit for bit; GEMM outputs agree to fp32 accumulation order.
+Saved for backward on the NVFP4 path: the packed xᵀ codes + E4M3 scales (4.5 bits / element) and the per-expert
+S_dec — the bf16 x is not kept.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
 
+from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
+from minite_core.kernels import dispatch
+from minite_core.kernels.operands import DqOperand
 from minite_core.nn.linear import linear, torch_dtype
-from minite_core.profiles import PROFILES, Profile
+from minite_core.nn.moe_layout import MoELayout
+from minite_core.profiles import PROFILES, Profile, Quant
+from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
 
-_EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide for < 1e6 experts
 
-
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, profile: Profile, *,
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
                    input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None) -> torch.Tensor:
-    """x: (T_sorted, K) grouped by expert in order; weight: (E, N, K); counts: (E,) -> (T_sorted, N)."""
-    outs = []
-    for e, x_e in enumerate(x.split(counts.tolist())):  # .tolist(): one host sync per grouped GEMM
-        if x_e.shape[0]:
-            outs.append(linear(x_e, weight[e], profile, input_amax=input_amax, seed=seed + e * _EXPERT_SEED_STRIDE,
-                               cache=cache, key=e))
-    if not outs:
-        return x.new_empty(0, weight.shape[1], dtype=torch_dtype(profile.dtype))
+    """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype."""
+    if dispatch.fast_path(x):
+        if profile.weight is None:
+            return _grouped_bf16(x, weight, layout, profile, cache)
+        if profile.activation is not None and profile.activation.static and input_amax is None:
+            raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
+                               "minite_core.nn.calibrate(model, batches) first")
+        dtype = torch_dtype(profile.dtype)
+        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache)
+    bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
+    outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e), cache=cache,
+                   key=e) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
     return torch.cat(outs)
 
 
+# ---- BF16: torch._grouped_mm -----------------------------------------------------------------------------------
+def _bf16_weight(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
+    """weight (E, N, K) as bf16, cast once per weight version (cleared after optimizer steps, see nn.linear)."""
+    version = (weight._version, weight.data_ptr())
+    hit = cache.get("bf16") if cache is not None else None
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    w = weight.detach().to(torch.bfloat16)
+    if cache is not None:
+        cache["bf16"] = (version, w)
+    return w
+
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, w_bf16, ends):
+        # x (Tp, K) bf16; w_bf16 (E, N, K); ends (E,) int32 segment ends
+        ctx.save_for_backward(x, w_bf16, ends)
+        ctx.w_dtype = weight.dtype
+        return torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_bf16, ends = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = torch._grouped_mm(dy, w_bf16, offs=ends) if ctx.needs_input_grad[0] else None  # (Tp, K)
+        dw = None
+        if ctx.needs_input_grad[1]:  # (E, N, K): per group dyᵀ x over the group's rows
+            dw = torch._grouped_mm(dy.t(), x, offs=ends).to(ctx.w_dtype)
+        return dx, dw, None, None
+
+
+def _grouped_bf16(x, weight, layout, profile, cache):
+    dtype = torch_dtype(profile.dtype)
+    if dtype != torch.bfloat16:
+        raise ValueError(f"profile {profile.name!r}: the fast grouped path runs bf16 only, got dtype {profile.dtype}")
+    ends = layout.cache.get("ends")
+    if ends is None:
+        ends = layout.cache["ends"] = layout.offs[1:].to(torch.int32)
+    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), ends)
+
+
+# ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------
+def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient: str) -> DqOperand:
+    """Per-expert NVFP4 weight operand, (E, N, K) along K ("n") or (E, K, N) along N ("t"), each expert with
+    its own per-tensor scale (as the reference's per-expert `linear` quantizes it); cached per weight version."""
+    version = (weight._version, weight.data_ptr())
+    key = ("experts", orient, spec)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    w = weight.detach().float()
+    w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
+    E, R, C = w.shape
+    if tuple(spec.block) == (16, 16) and R % 16:
+        raise ValueError(f"16x16 weight tiles need expert rows divisible by 16, got weight {tuple(weight.shape)}")
+    amax_rows = w.abs().amax(dim=(1, 2)).repeat_interleave(R)  # (E*R,): each expert's amax on its rows
+    t, dq = dispatch.quantize_dq(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
+    op = DqOperand(dq.values_bf16.view(E, R, C), t.global_scale.view(E, R)[:, 0].contiguous())
+    if cache is not None:
+        cache[key] = (version, op)
+    return op
+
+
+def _segment_amax(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """max of `values` per segment id (zeros for empty segments): (num_segments,) fp32."""
+    out = torch.zeros(num_segments, dtype=torch.float32, device=values.device)
+    return out.scatter_reduce(0, segment, values.float(), reduce="amax", include_self=True)
+
+
+def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=None):
+    """x (Tp, C) along C: per-token scales as they are; per-tensor scales per expert (each expert's amax on its
+    rows); a static scale as one amax. seeds: per-expert SR seeds (E,) int64. -> (NVFP4Tensor, DqOperand)."""
+    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    if spec.scale_mode == "row":
+        return dispatch.quantize_dq(x, spec, check=False, seg_seed=seg_seed)
+    if spec.static:
+        return dispatch.quantize_dq(x, spec, amax=input_amax, check=False, seg_seed=seg_seed)
+    from minite_core.kernels.quantize import row_amax
+
+    seg = _segment_amax(row_amax(x), layout.row_expert, layout.num_experts)
+    return dispatch.quantize_dq(x, spec, scale_mode="row", amax=seg[layout.row_expert], check=False,
+                                seg_seed=seg_seed)
+
+
+def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, emit_dq: bool = False):
+    """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
+    from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
+    expert (E,))."""
+    from minite_core.kernels.quantize_cols import col_block_amax
+
+    block_expert = layout.cache.get("block_expert")
+    if block_expert is None:
+        block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
+    seg = _segment_amax(col_block_amax(x, rht=rht), block_expert, layout.num_experts)  # (E,)
+    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    t, dq = dispatch.quantize_cols(x, spec, rht=rht, emit_dq=emit_dq, col_amax=seg[block_expert], seg_seed=seg_seed)
+    s_dec = torch.full_like(seg, 1.0) / global_encode_scale(seg)  # correctly rounded, as the kernel's div_rn
+    return t, dq, s_dec
+
+
+class _GroupedNVFP4(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache):
+        # x (Tp, K) compute dtype; weight (E, N, K) master dtype
+        w_op = _expert_weight(weight, profile.weight, cache, "n")
+        schedule = layout.cache.get("schedule")
+        if schedule is None:
+            schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
+        if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
+            x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
+        else:
+            _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
+        y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule)
+        ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
+        saved = ()
+        if profile.grad is not None and weight.requires_grad:
+            spec = profile.activation or profile.grad
+            x_t, _, s_xt = _quantize_cols(x.detach(), dataclasses.replace(spec, rounding="rne"), layout,
+                                          rht=profile.wgrad_rht)
+            saved = (x_t.data, x_t.scale, s_xt)
+        ctx.save_for_backward(weight, *saved)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        weight, *x_t_parts = ctx.saved_tensors
+        profile, layout = ctx.profile, ctx.layout
+        if profile.grad is None:
+            raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
+        experts = torch.arange(layout.num_experts, dtype=torch.int64, device=dy.device)
+        seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
+        dy = dy.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
+            w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
+            dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
+        if ctx.needs_input_grad[1]:
+            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht, seeds=wgrad_seed(seeds),
+                                                emit_dq=True)
+            data, scale, s_xt = x_t_parts
+            xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
+            dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)
+        return dx, dw, None, None, None, None, None
+
+
 class GroupedLinear(nn.Module):
-    """Per-expert y_e = x_e @ W_eᵀ for tokens already sorted by expert. weight: [E, N, K]."""
+    """Per-expert y_e = x_e @ W_eᵀ for rows in the padded sorted layout. weight: [E, N, K]."""
 
     def __init__(self, num_experts: int, in_features: int, out_features: int):
         super().__init__()
@@ -40,10 +209,10 @@ class GroupedLinear(nn.Module):
         self.profile: Profile = PROFILES["bf16"]
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
-        self.weight_cache: dict = {}  # quantized expert weights (key: expert index), see nn.linear._weight_operand
+        self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.linear._weight_operand
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return grouped_linear(x, self.weight, counts, self.profile, input_amax=self.input_amax, seed=self.seed,
+    def forward(self, x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+        return grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,
                               cache=self.weight_cache)
 
     def extra_repr(self) -> str:

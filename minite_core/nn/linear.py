@@ -10,24 +10,29 @@ Backward, as TE's recipe lays it out (the reduction dim changes, so operands are
   wgrad  dW = dyᵀ x    both quantized along the token dim M (RHT on both first when `wgrad_rht`); dyᵀ with the
                        grad spec, xᵀ with the activation spec's block/math, per-tensor scale, RNE.
 Only the column-wise (along-M) quantized xᵀ is saved for backward: ≈4.5 bits per element instead of 16.
-M is zero-padded (`_pad_tokens`) for the along-M quantization (zero rows add nothing to dW).
+M is zero-padded (`_pad_tokens`) to a multiple of 16 for the along-M quantization (zero rows add nothing to dW).
 
-Operands that a profile leaves unquantized (`None`) run in `profile.dtype` through plain torch, so the bf16
-profile *is* plain torch. Router and LM-head GEMMs are never quantized; they run in the profile's router /
-LM-head dtype. Stochastic rounding draws from generators seeded by `module.seed` (set per step by the learner).
+Operands that a profile leaves unquantized (`None`) run in `profile.dtype` as a plain F.linear, the weight cast
+to that dtype once per weight version (cached, like the quantized weights; the cast copy is what the backward
+uses for dgrad), so the bf16 profile *is* plain torch. Router and LM-head GEMMs are never quantized; they run
+in the profile's router / LM-head dtype. Stochastic rounding draws the counter-based Philox stream of
+`module.seed` (set per step by the learner): dgrad and wgrad operands from `seeds.dgrad_seed` / `seeds.wgrad_seed`.
 
 GEMMs go through `minite_core.kernels.dispatch` when a GPU backend is selected; the plain torch reference here
 (dequantize → fp32 matmul) is what CPU runs and what the kernels are tested against.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite_core.formats.nvfp4 import NVFP4Tensor
-from minite_core.kernels import dispatch
+from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
+from minite_core.kernels import dispatch, vllm_cpu
 from minite_core.profiles import PROFILES, Profile, Quant
+from minite_core.seeds import dgrad_seed, wgrad_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -36,9 +41,13 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=None, seed=None, rht=False):
-    """Quantize through the kernel dispatch (reference on CPU, Triton on Hopper), the DESIGN.md numerics."""
+def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=None, seed=None, rht=False,
+       dq: bool = False):
+    """Quantize through the kernel dispatch (reference on CPU, Triton on Hopper), the DESIGN.md numerics.
+    dq=True returns the GEMM operand (bf16 e2m1(q)·sf + S_dec, emitted by the same kernel pass)."""
     overrides = {k: v for k, v in (("rounding", rounding), ("scale_mode", scale_mode)) if v is not None}
+    if dq:
+        return dispatch.quantize_dq(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)[1]
     return dispatch.quantize(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)
 
 
@@ -89,18 +98,58 @@ def track_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module):
     return optimizer.register_step_post_hook(lambda opt, args, kwargs: clear_weight_caches(model))
 
 
-def gemm_nt(a, b) -> torch.Tensor:
-    """â @ b̂ᵀ in fp32 [M, N] (kernels.dispatch: reference on CPU, exact bf16-tensor-core GEMM on Hopper)."""
-    return dispatch.gemm(a, b, out_dtype=torch.float32)
+def gemm_nt(a, b, out_dtype=torch.float32) -> torch.Tensor:
+    """â @ b̂ᵀ [M, N] with fp32 accumulation, rounded once to `out_dtype` (kernels.dispatch: reference on CPU,
+    exact bf16-tensor-core GEMM on Hopper)."""
+    return dispatch.gemm(a, b, out_dtype=out_dtype)
 
 
 def _pad_tokens(x: torch.Tensor) -> torch.Tensor:
-    """Zero-pad the token dim for the along-token (wgrad) quantization: to a multiple of 16, and on GPU to the
-    next power of two — the Triton quantizer compiles per reduction length, and RL batches change length every
-    step. Zero tokens change neither amax nor any dW entry, so the numerics are the same either way."""
+    """Zero-pad the token dim to a multiple of 16 for the along-token (wgrad) quantization. Zero tokens change
+    neither amax nor any dW entry."""
     m = x.shape[0]
-    target = max(16, 1 << (m - 1).bit_length()) if x.is_cuda else m + (-m) % 16
-    return F.pad(x, (0, 0, 0, target - m)) if target != m else x
+    return F.pad(x, (0, 0, 0, (-m) % 16)) if m % 16 else x
+
+
+def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -> torch.Tensor:
+    """weight in `dtype`, cast once per weight version (the fp32 master stays the parameter)."""
+    if weight.dtype == dtype:
+        return weight
+    version = (weight._version, weight.data_ptr())
+    hit = cache.get(("cast", dtype)) if cache is not None else None
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    w = weight.detach().to(dtype)
+    if cache is not None:
+        cache[("cast", dtype)] = (version, w)
+    return w
+
+
+class _CastLinear(torch.autograd.Function):
+    """y = x @ w_castᵀ with the cached cast copy of the master weight; dW (in the cast dtype, as autograd's
+    ToCopy backward would give it) is returned to the master."""
+
+    @staticmethod
+    def forward(ctx, x, weight, w_cast):
+        ctx.save_for_backward(x, w_cast)
+        ctx.w_dtype = weight.dtype
+        return F.linear(x, w_cast)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_cast = ctx.saved_tensors
+        dx = dy @ w_cast if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = (dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1])).to(ctx.w_dtype)
+        return dx, dw, None
+
+
+def _plain_linear(x, weight, dtype, cache):
+    x = x.to(dtype)
+    if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
+        return F.linear(x, _cast_weight(weight, dtype, cache))
+    return _CastLinear.apply(x, weight, _cast_weight(weight, dtype, cache))
 
 
 class _NVFP4Linear(torch.autograd.Function):
@@ -112,14 +161,17 @@ class _NVFP4Linear(torch.autograd.Function):
             y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
             amax = input_amax if profile.activation.static else None
-            y = gemm_nt(_q(x.detach(), profile.activation, amax=amax), w_q)
+            if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
+                y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
+                                  x.dtype)
+            else:
+                y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
-            x_t = _pad_tokens(x.detach()).t().contiguous()  # (K, M')
-            x_t_q = _q(x_t, profile.activation or profile.grad, scale_mode="tensor", rounding="rne",
-                       rht=profile.wgrad_rht)
+            spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
+            x_t_q, _ = dispatch.quantize_cols(_pad_tokens(x.detach()), spec, rht=profile.wgrad_rht)  # xᵀ (K, M')
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
@@ -133,13 +185,16 @@ class _NVFP4Linear(torch.autograd.Function):
         dy = dy.float()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dy_q = _q(dy, profile.grad, seed=2 * seed)  # (M, N) along N
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=True)  # (M, N) along N
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
-            dx = gemm_nt(dy_q, w_t_q).to(ctx.x_dtype)
+            dx = gemm_nt(dy_q, w_t_q, ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            dy_t = _pad_tokens(dy).t().contiguous()  # (N, M')
-            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht)
-            dw = gemm_nt(dy_t_q, NVFP4Tensor(*x_t_parts)).to(weight.dtype)
+            dy_t, dy_t_bf16 = dispatch.quantize_cols(_pad_tokens(dy), profile.grad, seed=wgrad_seed(seed),
+                                                     rht=profile.wgrad_rht, emit_dq=True)  # dyᵀ (N, M')
+            dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
+            x_t = NVFP4Tensor(*x_t_parts)
+            x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
+            dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
         return dx, dw, None, None, None, None, None, None
 
 
@@ -151,13 +206,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
     quantized weight between calls, `key` names the weight in it; `fused` = `fused_weight_amax(group)`."""
     if role in ("router", "lm_head"):
         dtype = torch_dtype(profile.router_dtype if role == "router" else profile.lm_head_dtype)
-        return F.linear(x.to(dtype), weight.to(dtype))
+        return _plain_linear(x, weight, dtype, cache)
     dtype = torch_dtype(profile.dtype)
     if profile.weight is None:
-        return F.linear(x.to(dtype), weight.to(dtype))
+        return _plain_linear(x, weight, dtype, cache)
     if profile.activation is not None and profile.activation.static and input_amax is None:
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
-                           "minite_core.nn.calibrate(model, batches) first")
+                           "minite_core.model.calibrate(model, batches) first")
     lead = x.shape[:-1]
     y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused)
     return y.reshape(*lead, weight.shape[0])

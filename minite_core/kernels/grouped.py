@@ -1,0 +1,219 @@
+"""Grouped (MoE) NVFP4 GEMMs for Hopper, exact: bf16 tensor cores on dequantized operands, fp32 epilogue.
+
+Layout (what `nn.moe_layout` builds): the routed rows of a MoE layer sorted by expert into one buffer of Tp rows,
+each expert's segment starting at a multiple of 16 (zero pad rows between), the last segment running to Tp;
+`offs` [E + 1] (int64, on the device) holds the segment starts and offs[E] = Tp. Nothing here reads the layout
+on the host: tile schedules are built on the device from `offs` with a shape-only upper bound on the tile
+count, so a grouped GEMM never syncs (and can be captured in a CUDA graph).
+
+Three kernels:
+- `grouped_gemm`  (forward and dgrad)  y[t] = (a[t] @ b[e(t)]ᵀ) · S_a[t] · S_b[e(t)]   a [Tp, K], b [E, N, K]
+- `kgrouped_gemm` (wgrad)              w[e] = (a[:, seg_e] @ b[:, seg_e]ᵀ) · S_a[e] · S_b[e]   a [N, Tp], b [K, Tp]
+  — the reduction runs over each expert's own tokens, so the along-token quantization blocks of both operands
+  (16 tokens, aligned to the segment start) are exactly the per-expert reference's;
+- `dequantize_triton`: packed codes + E4M3 scales -> bf16 e2m1(q)·sf (the saved, packed wgrad operand expanded
+  right before its GEMM).
+Why not torch._grouped_mm for NVFP4: on torch 2.11 it refuses out_dtype=float32 for bf16 inputs (measured on the
+H200), so the fp32 accumulator would be rounded to bf16 before the global scales — two roundings, not exact.
+The bf16 profile does use torch._grouped_mm (what MoE users run; `nn.experts`).
+
+Accumulation: fp32 in Triton's dot order (fixed per config), so results agree with the plain-torch references
+below to fp32 accumulation order (tests/test_kernels.py's TOL["gemm_rel"]).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minite_core.formats import nvfp4 as ref
+from minite_core.kernels.gemm import INTERPRET, _dot
+from minite_core.kernels.operands import DqOperand
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); the H200 sweep in bench/kernels.py ("grouped-tile") re-measures.
+# H200 sweep (results/h200/bench, T16384x8 E128 N1536 K2048): 128-256-64 w8 s3 1.61 ms; 64-256-64 w8 s4 1.96;
+# 128-128-64 w8 s4 2.21; 64-128-64 w4 s4 2.17; 128-128-128 w8 s3 2.27 (torch._grouped_mm bf16: 1.28 ms).
+GROUPED_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
+KGROUPED_CONFIG = dict(BLOCK_N=128, BLOCK_K=128, BLOCK_T=64, num_warps=8, num_stages=4)
+SMALL = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)  # interpreter / tiny shapes
+SMALL_K = dict(BLOCK_N=32, BLOCK_K=32, BLOCK_T=16, num_warps=4, num_stages=1)
+
+
+@triton.jit
+def _grouped_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, tile_expert_ptr, tile_row_ptr, offs_ptr, num_tiles_ptr,
+    N, K, stride_am, stride_be, stride_bn, stride_cm, stride_sbe,
+    SA_ROW: tl.constexpr, SB_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr = False,
+):
+    # tile t covers rows [tile_row[t], min(+BLOCK_M, offs[e+1])) of expert e = tile_expert[t]
+    pid_t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_t >= tl.load(num_tiles_ptr):
+        return
+    e = tl.load(tile_expert_ptr + pid_t)
+    row0 = tl.load(tile_row_ptr + pid_t)
+    row_end = tl.load(offs_ptr + e + 1)
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = tl.where(rm < row_end, rm, row0).to(tl.int64)  # clamp: loads stay in bounds, stores are masked
+    bn = tl.where(rn < N, rn, 0).to(tl.int64)
+    a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :]
+    b_ptrs = b_ptr + e.to(tl.int64) * stride_be + bn[None, :] * stride_bn + rk[:, None]  # (BK, BN) view of Bᵀ
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + rk) < K
+        a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
+        acc = _dot(a, b, acc, INTERPRET)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if SA_ROW:
+        sa = tl.load(sa_ptr + am)[:, None]
+    else:
+        sa = tl.load(sa_ptr)
+    if SB_ROW:
+        sb = tl.load(sb_ptr + e * stride_sbe + bn)[None, :]
+    else:
+        sb = tl.load(sb_ptr + e * stride_sbe)
+    out = acc * (sa * sb)
+    cmask = (rm[:, None] < row_end) & (rn[None, :] < N)
+    tl.store(c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :], out.to(c_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _kgrouped_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, offs_ptr, N, K, stride_a, stride_b,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr = False,
+):
+    # c[e, n, k] = sum_{t in seg_e} a[n, t] * b[k, t] * S_a[e] * S_b[e]; a: (N, Tp), b: (K, Tp), c: (E, N, K) fp32
+    # 1D grid, expert-major then n then k: consecutive programs share the expert's a rows and sweep its b, so the
+    # expert's operands (a few MB) stay in L2 (an (E, N, K) grid with E fastest re-read them from DRAM: 9-11 ms
+    # vs torch._grouped_mm's 1.36 ms at T16384x8 N1536 K2048 on the H200)
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    e = pid // (n_tiles * k_tiles)
+    pid_n = (pid // k_tiles) % n_tiles
+    pid_k = pid % k_tiles
+    # segments start and end at multiples of 16 (nn.moe_layout); the hints let the token-contiguous, token-masked
+    # loads vectorise (9.1-9.2 ms on the H200 without them or with t0 alone hinted, same shape as above)
+    t0 = tl.multiple_of(tl.load(offs_ptr + e).to(tl.int32), 16)
+    t1 = tl.multiple_of(tl.load(offs_ptr + e + 1).to(tl.int32), 16)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    rt = tl.arange(0, BLOCK_T)
+    an = tl.where(rn < N, rn, 0).to(tl.int64)
+    bk = tl.where(rk < K, rk, 0).to(tl.int64)
+    a_ptrs = a_ptr + an[:, None] * stride_a + (t0 + rt)[None, :]  # (BN, BT)
+    b_ptrs = b_ptr + bk[None, :] * stride_b + (t0 + rt)[:, None]  # (BT, BK)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in range(0, tl.cdiv(t1 - t0, BLOCK_T)):
+        tmask = (t0 + i * BLOCK_T + rt) < t1
+        a = tl.load(a_ptrs, mask=tmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=tmask[:, None], other=0.0)
+        acc = _dot(a, b, acc, INTERPRET)
+        a_ptrs += BLOCK_T
+        b_ptrs += BLOCK_T
+    out = acc * (tl.load(sa_ptr + e) * tl.load(sb_ptr + e))
+    cmask = (rn[:, None] < N) & (rk[None, :] < K)
+    ptrs = c_ptr + e.to(tl.int64) * N * K + rn[:, None].to(tl.int64) * K + rk[None, :]
+    tl.store(ptrs, out, mask=cmask)
+
+
+@triton.jit
+def _dequant_kernel(data_ptr, scale_ptr, out_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """out [R, C] bf16 = e2m1(code) * e4m3(scale): exact (<= 6 significant bits)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    r64 = rows.to(tl.int64)[:, None]
+    half = tl.program_id(1) * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+    pmask = (rows[:, None] < R) & (half[None, :] < C // 2)
+    byte = tl.load(data_ptr + r64 * (C // 2) + half[None, :], mask=pmask, other=0).to(tl.int32)
+    codes = tl.reshape(tl.join(byte & 15, byte >> 4), [BLOCK_R, BLOCK_C])  # even column = low nibble
+    nb = tl.program_id(1) * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)
+    smask = (rows[:, None] < R) & (nb[None, :] < C // 16)
+    sf = _e4m3_value(tl.load(scale_ptr + r64 * (C // 16) + nb[None, :], mask=smask, other=0).to(tl.int32))
+    mag = (codes & 7)
+    val = tl.where(mag < 4, mag.to(tl.float32) * 0.5, tl.where(mag == 7, 6.0, (mag - 2).to(tl.float32)))
+    val = tl.where((codes & 8) != 0, -val, val)
+    out = tl.reshape(tl.reshape(val, [BLOCK_R, BLOCK_C // 16, 16]) * sf[:, :, None], [BLOCK_R, BLOCK_C])
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    tl.store(out_ptr + r64 * C + cols[None, :], out.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _e4m3_value(b):
+    """E4M3 byte (int32, sign bit 0: block scales are >= 0) -> fp32, exactly."""
+    e = (b >> 3) & 15
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal step 2^-9
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+def grouped_schedule(offs: torch.Tensor, block_m: int, total_rows: int):
+    """Device-side tile schedule (no host sync): per tile its expert and first row; max_tiles from shapes only.
+    Returns (tile_expert int32, tile_row int64, num_tiles int64 [1], max_tiles int)."""
+    offs = offs.to(torch.int64)
+    e = offs.numel() - 1
+    seg = offs[1:] - offs[:-1]
+    tiles = (seg + block_m - 1) // block_m
+    tile_end = torch.cumsum(tiles, 0)
+    max_tiles = triton.cdiv(total_rows, block_m) + e  # upper bound, fixed from shapes
+    t = torch.arange(max_tiles, device=offs.device)
+    tile_expert = torch.searchsorted(tile_end, t, right=True).clamp(max=e - 1)
+    tile_row = offs[tile_expert] + (t - (tile_end[tile_expert] - tiles[tile_expert])) * block_m
+    return tile_expert.to(torch.int32), tile_row, tile_end[-1:], max_tiles
+
+
+def _config(default: dict, small: dict, config: dict | None, device) -> dict:
+    base = small if (INTERPRET or device.type != "cuda") else default
+    return dict(base, **(config or {}))
+
+
+def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch.bfloat16,
+                 config: dict | None = None, schedule=None) -> torch.Tensor:
+    """y [Tp, N] = a_hat[t] @ b_hat[e(t)]ᵀ. a: [Tp, K] with S_dec [] or [Tp, 1]; b: [E, N, K] with S_dec [E]
+    or [E, N, 1]; offs [E + 1] segment starts (offs[E] = Tp)."""
+    x, w = a.values_bf16, b.values_bf16
+    t_rows, k = x.shape
+    e, n, _ = w.shape
+    cfg = _config(GROUPED_CONFIG, SMALL, config, x.device)
+    sa = a.global_scale.float().reshape(-1).contiguous()
+    sb = b.global_scale.float().reshape(e, -1).contiguous()  # (E, 1) per tensor or (E, N) per row
+    c = torch.empty(t_rows, n, dtype=out_dtype, device=x.device)
+    if t_rows == 0:
+        return c
+    tile_expert, tile_row, num_tiles, max_tiles = schedule or grouped_schedule(offs, cfg["BLOCK_M"], t_rows)
+    grid = (max_tiles, triton.cdiv(n, cfg["BLOCK_N"]))
+    _grouped_kernel[grid](x, w, c, sa, sb, tile_expert, tile_row, offs, num_tiles,
+                          n, k, x.stride(0), w.stride(0), w.stride(1), c.stride(0), sb.stride(0),
+                          SA_ROW=sa.numel() > 1, SB_ROW=sb.shape[1] > 1, INTERPRET=INTERPRET, **cfg)
+    return c
+
+
+def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,
+                  config: dict | None = None) -> torch.Tensor:
+    """wgrad: c [E, N, K] fp32 = per expert e, (a[:, seg_e] @ b[:, seg_e]ᵀ) * sa[e] * sb[e].
+    a: bf16 [N, Tp] (e2m1·sf along tokens), b: bf16 [K, Tp]; sa, sb: fp32 [E]; offs [E + 1]."""
+    n, _ = a.shape
+    k = b.shape[0]
+    e = offs.numel() - 1
+    cfg = _config(KGROUPED_CONFIG, SMALL_K, config, a.device)
+    c = torch.empty(e, n, k, dtype=torch.float32, device=a.device)
+    grid = (e * triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(k, cfg["BLOCK_K"]),)
+    _kgrouped_kernel[grid](a, b, c, sa.float().contiguous(), sb.float().contiguous(), offs, n, k,
+                           a.stride(0), b.stride(0), INTERPRET=INTERPRET, **cfg)
+    return c
+
+
+def dequantize_triton(t: ref.NVFP4Tensor, block_r: int = 32, block_c: int = 256) -> torch.Tensor:
+    """bf16 [R, C] = e2m1(q) * sf (no global scale) from packed codes and E4M3 scales."""
+    r, c = t.shape
+    out = torch.empty(r, c, dtype=torch.bfloat16, device=t.data.device)
+    bc = max(16, min(block_c, triton.next_power_of_2(c)))
+    grid = (triton.cdiv(r, block_r), triton.cdiv(c, bc))
+    _dequant_kernel[grid](t.data, t.scale.view(torch.uint8), out, r, c, BLOCK_R=block_r, BLOCK_C=bc, num_warps=4)
+    return out

@@ -1,0 +1,101 @@
+"""The MoE token layout: routed rows sorted by expert, each expert's segment padded to a multiple of 16 rows.
+
+Shape legend: N = tokens, k = experts per token, E = experts, D = hidden, Tp = padded routed rows.
+
+Why padded: the NVFP4 wgrad operands are quantized along tokens in 16-blocks *per expert* (the per-expert
+reference pads each expert's tokens to a multiple of 16; TE and Megatron pad MoE tokens for FP8/FP4 alignment the
+same way). With every segment starting at a multiple of 16, a 16-block never straddles two experts, so one kernel
+over the whole buffer quantizes every expert exactly as the reference quantizes it alone. Pad rows are zeros: they
+change no amax, no GEMM output row of a real token and no weight gradient. torch._grouped_mm (the bf16 path) also
+wants 16-byte-aligned groups (torchtitan pads token groups to 8/16 rows for the same reason).
+
+Shapes are static: Tp = round16(N·k + 15·E) depends only on N, k, E; the last expert's segment runs to Tp (it
+absorbs the unused rows as more zero padding), so every row of the buffer belongs to an expert and no kernel ever
+reads an unwritten row. Everything is built on the device with no host sync (scatter_add counts, a stable argsort,
+cumsum, searchsorted), so the layout works inside a CUDA graph.
+
+`permute` (x [N, D] -> x_pad [Tp, D]) has a deterministic backward: the k copies of a token's gradient are summed
+in rank order in fp32 (an index_add would sum them in a nondeterministic order on the GPU). `combine` weights
+each routed row by its router probability and sums a token's k rows in fp32, in rank order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ALIGN = 16
+
+
+@dataclass
+class MoELayout:
+    offs: torch.Tensor  # (E + 1,) int64: padded segment starts, offs[E] = Tp
+    dest: torch.Tensor  # (N, k) int64: padded row of each (token, rank)
+    src: torch.Tensor  # (Tp,) int64: source token of each padded row, N for pad rows
+    row_expert: torch.Tensor  # (Tp,) int64: expert of each padded row
+    row_local: torch.Tensor  # (Tp,) int64: row index inside its expert's segment
+    num_experts: int
+    cache: dict = field(default_factory=dict)  # per-layout derived tensors (tile schedules), built on first use
+
+    @property
+    def num_rows(self) -> int:
+        return self.src.shape[0]
+
+    def bounds(self) -> list[int]:
+        """Segment bounds on the host (reference path only: one sync)."""
+        return self.offs.tolist()
+
+
+def padded_rows(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """Tp: an upper bound of sum_e round16(count_e), from shapes only."""
+    n = num_tokens * top_k + (ALIGN - 1) * num_experts
+    return -(-n // ALIGN) * ALIGN
+
+
+def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
+    """top_idx (N, k) expert ids -> the padded sorted layout (device ops only)."""
+    N, k = top_idx.shape
+    E, dev = num_experts, top_idx.device
+    flat = top_idx.reshape(-1)  # (N*k,)
+    counts = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+    tp = padded_rows(N, k, E)
+    offs = torch.zeros(E + 1, dtype=torch.int64, device=dev)
+    offs[1:E] = torch.cumsum(padded, 0)[:-1]
+    offs[E] = tp
+    order = torch.argsort(flat, stable=True)  # (N*k,) assignment slots sorted by expert, rank order inside
+    sorted_e = flat[order]
+    rank = torch.arange(N * k, device=dev) - (torch.cumsum(counts, 0) - counts)[sorted_e]
+    dest_sorted = offs[sorted_e] + rank  # (N*k,)
+    dest = torch.empty_like(dest_sorted)
+    dest[order] = dest_sorted
+    src = torch.full((tp,), N, dtype=torch.int64, device=dev)
+    src[dest_sorted] = order // k
+    rows = torch.arange(tp, device=dev)
+    row_expert = torch.searchsorted(offs[1:E].contiguous(), rows, right=True)
+    return MoELayout(offs=offs, dest=dest.view(N, k), src=src, row_expert=row_expert,
+                     row_local=rows - offs[row_expert], num_experts=E)
+
+
+class _Permute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layout: MoELayout):
+        # x (N, D) -> (Tp, D); pad rows read the appended zero row
+        ctx.layout = layout
+        return torch.cat([x, x.new_zeros(1, x.shape[1])]).index_select(0, layout.src)
+
+    @staticmethod
+    def backward(ctx, g):
+        dest = ctx.layout.dest  # (N, k)
+        return g[dest].float().sum(1).to(g.dtype), None  # rank order, fp32: deterministic
+
+
+def permute(x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+    """x (N, D) -> x_pad (Tp, D) in the padded sorted layout."""
+    return _Permute.apply(x, layout)
+
+
+def combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+    """y_pad (Tp, D), top_w (N, k) -> (N, D) fp32: sum_k top_w[t, k] * y_pad[dest[t, k]], in rank order. The
+    product is taken in the promoted dtype of (y_pad, top_w) — the router dtype decides — then summed in fp32."""
+    return (y_pad[layout.dest] * top_w[..., None]).float().sum(dim=1)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The kernel/learner part of the H200 run in one <= 10-minute call of the GPU machine: the `gpu`-marked tests,
+# then `minite bench learner --config h200` and `minite bench kernels` (each baseline measured in the same run).
+# Needs no wheels (the image has torch, triton, pytest, xdist). Writes under $OUT: gpu-tests.log, learner.json/.csv/
+# .md, kernels.json/.csv, bench.log. Stage time limits (seconds) via TEST_S, LEARNER_S, KERNELS_S; KERNELS_ARGS
+# adds flags to the kernel bench (e.g. "--sweep", "--only moe").
+set -uo pipefail
+OUT=${OUT:?set OUT to a folder for the outputs}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/env.txt" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+echo "== gpu tests"
+timeout "${TEST_S:-150}" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
+echo "pytest exit $?"; tail -4 "$OUT/gpu-tests.log"
+echo "== learner bench"
+timeout "${LEARNER_S:-240}" python3 -m minite_core.cli bench learner --config h200 --experiment h200 --device cuda \
+    --out "$OUT/learner.json" --csv "$OUT/learner.csv" ${LEARNER_ARGS:-} \
+    > "$OUT/learner.log" 2>&1
+echo "learner exit $?"; tail -12 "$OUT/learner.log"
+echo "== kernel bench"
+timeout "${KERNELS_S:-200}" python3 -m minite_core.cli bench kernels --json "$OUT/kernels.json" \
+    --csv "$OUT/kernels.csv" ${KERNELS_ARGS:-} > "$OUT/kernels.log" 2>&1
+echo "kernels exit $?"; grep -E "moe|linear-w4a4|quantize-1x16-row|d2d|FAILED" "$OUT/kernels.log" | head -40
+if [ -n "${NCU:-}" ]; then
+  echo "== ncu: quantizer"
+  timeout 90 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section LaunchStats --section Occupancy -k regex:_quantize_kernel -s 2 -c 1 python3 workflow/scripts/ncu_quantize.py \
+      > "$OUT/ncu-quantize.txt" 2>&1
+  echo "ncu exit $?"; grep -E "Throughput|Duration|Registers|Achieved Occupancy|Stall|Warp Cycles" "$OUT/ncu-quantize.txt" | head -30
+fi
+# at most 8 files come back from a call: the CSV/markdown copies travel in one tarball
+tar czf "$OUT/extra.tgz" -C "$OUT" $(cd "$OUT" && ls *.csv *.md 2>/dev/null) && (cd "$OUT" && rm -f *.csv *.md)
