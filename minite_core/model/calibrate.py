@@ -22,7 +22,6 @@ from collections.abc import Iterable
 
 import torch
 
-from minite_core.model.qwen3_moe import SparseMoE
 from minite_core.nn import GroupedLinear
 from minite_core.nn.walk import gemm_modules
 from minite_core.profiles import PROFILES
@@ -56,38 +55,17 @@ class _Recorder:
     def __init__(self, model):
         self.amax: dict[str, torch.Tensor] = {}
         self.real: torch.Tensor | None = None  # (B*T,) bool of the current batch
-        self.expert_rows: dict[int, tuple] = {}  # id(Experts) -> ((N*K,) bool real slots, (E,) counts), this forward
-        self.experts = [m.experts for m in model.modules() if isinstance(m, SparseMoE)]
         self.handles = []
         for name, m in gemm_modules(model, linear_only=True):
             self.handles.append(m.register_forward_pre_hook(self._gemm_hook(name, m)))
-        for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
-            self.handles.append(moe.gate.register_forward_hook(self._route_hook(moe)))
-
-    def _route_hook(self, moe: SparseMoE):
-        def hook(module, args, logits):
-            # the router's own top-k (SparseMoE.route: fp32 softmax, topk) -> sorted-slot order of SparseMoE.forward
-            top_idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), moe.top_k, dim=-1).indices
-            flat = top_idx.reshape(-1)  # (N*K,)
-            order = torch.argsort(flat, stable=True)
-            self.expert_rows[id(moe.experts)] = (self.real[order // moe.top_k],
-                                                 torch.bincount(flat, minlength=moe.num_experts))
-        return hook
 
     def _gemm_hook(self, name: str, module):
-        parent = None
-
         def hook(mod, args):
-            nonlocal parent
             x = args[0].detach()
             rows = x.reshape(-1, x.shape[-1])  # (rows, K)
-            if isinstance(mod, GroupedLinear):
-                if parent is None:
-                    parent = next(p for p in self.experts if mod in (p.gate_up, p.down))
-                keep, counts = self.expert_rows[id(parent)]
-                if not torch.equal(counts.to(args[1].device), args[1]):
-                    raise RuntimeError(f"calibrate: {name} received expert counts that differ from the router's "
-                                       "top-k (a routing override is active?); cannot map rows to tokens")
+            if isinstance(mod, GroupedLinear):  # rows of the padded sorted layout: pad rows read no token
+                src, n = args[1].src, self.real.numel()
+                keep = (src < n) & self.real[src.clamp(max=n - 1)]
             else:
                 keep = self.real
             if keep.numel() != rows.shape[0]:

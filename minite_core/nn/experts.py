@@ -29,7 +29,7 @@ from torch import nn
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand
-from minite_core.nn.linear import linear, torch_dtype
+from minite_core.nn.linear import cache_context, linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
@@ -59,7 +59,8 @@ def _bf16_weight(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
     hit = cache.get("bf16") if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    w = weight.detach().to(torch.bfloat16)
+    with cache_context():
+        w = weight.detach().to(torch.bfloat16)
     if cache is not None:
         cache["bf16"] = (version, w)
     return w
@@ -103,14 +104,16 @@ def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient
     hit = cache.get(key) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    w = weight.detach().float()
-    w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
-    E, R, C = w.shape
+    E, N, K = weight.shape
+    R, C = (N, K) if orient == "n" else (K, N)
     if tuple(spec.block) == (16, 16) and R % 16:
         raise ValueError(f"16x16 weight tiles need expert rows divisible by 16, got weight {tuple(weight.shape)}")
-    amax_rows = w.abs().amax(dim=(1, 2)).repeat_interleave(R)  # (E*R,): each expert's amax on its rows
-    t, dq = dispatch.quantize_dq(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
-    op = DqOperand(dq.values_bf16.view(E, R, C), t.global_scale.view(E, R)[:, 0].contiguous())
+    with cache_context():
+        w = weight.detach().float()
+        w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
+        amax_rows = w.abs().amax(dim=(1, 2)).repeat_interleave(R)  # (E*R,): each expert's amax on its rows
+        t, dq = dispatch.quantize_dq(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
+        op = DqOperand(dq.values_bf16.view(E, R, C), t.global_scale.view(E, R)[:, 0].contiguous())
     if cache is not None:
         cache[key] = (version, op)
     return op

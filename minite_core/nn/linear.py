@@ -31,6 +31,7 @@ from torch import nn
 
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch, vllm_cpu
+from minite_core.nn.fp32_split import Fp32SplitLinear
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import dgrad_seed, wgrad_seed
 
@@ -63,9 +64,10 @@ def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, 
         hit = cache.get((key, spec))
         if hit is not None and hit[0] == version:
             return hit[1]
-    w = weight.detach().float()
-    w = w.t().contiguous() if key[1] == "t" else w
-    op = dispatch.prepare_weight(_q(w, spec, amax=amax))
+    with cache_context():
+        w = weight.detach().float()
+        w = w.t().contiguous() if key[1] == "t" else w
+        op = dispatch.prepare_weight(_q(w, spec, amax=amax))
     if cache is not None:
         cache[(key, spec)] = (version, op)
     return op
@@ -111,6 +113,12 @@ def _pad_tokens(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, (-m) % 16)) if m % 16 else x
 
 
+def cache_context():
+    """Cached weight operands are made outside inference mode: a cache filled by a sampler running under
+    `torch.inference_mode` must still serve the learner's autograd (inference tensors cannot be saved)."""
+    return torch.inference_mode(False)
+
+
 def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -> torch.Tensor:
     """weight in `dtype`, cast once per weight version (the fp32 master stays the parameter)."""
     if weight.dtype == dtype:
@@ -119,7 +127,8 @@ def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -
     hit = cache.get(("cast", dtype)) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    w = weight.detach().to(dtype)
+    with cache_context():
+        w = weight.detach().to(dtype)
     if cache is not None:
         cache[("cast", dtype)] = (version, w)
     return w
@@ -146,6 +155,8 @@ class _CastLinear(torch.autograd.Function):
 
 
 def _plain_linear(x, weight, dtype, cache):
+    if dtype == torch.float32 and weight.dtype == torch.float32 and dispatch.fast_path(x):
+        return Fp32SplitLinear.apply(x, weight, cache)  # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py)
     x = x.to(dtype)
     if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
         return F.linear(x, _cast_weight(weight, dtype, cache))
