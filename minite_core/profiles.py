@@ -88,6 +88,11 @@ class Profile:
     # sum): vLLM's native `fused_add_rms_norm` (vllm/ir/ops/layernorm.py), the op its CPU build runs. False = the
     # rounded sum, as transformers and vLLM's CUDA kernel (the sum is taken in scalar_t).
     fused_add_norm: bool = False
+    # Rollout routing replay (R3, arXiv 2510.11370), learner side only (a sampler ignores it): each token's MoE
+    # layers execute the top-k expert SET the sampler recorded for it instead of this router's own top-k; the
+    # gate weights still come from this router's softmax over those experts, so the router keeps its gradient.
+    # Off by default: engines route independently, and the routing diagnostics measure how often they disagree.
+    routing_replay: bool = False
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
@@ -194,6 +199,8 @@ PROFILES: dict[str, Profile] = {
 # A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
 # decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
+# The naive Blackwell learner with rollout routing replay (R3): how much of the naive pair's gap is routing flips.
+PROFILES["te-nvfp4-r3"] = PROFILES["te-nvfp4"].replace(name="te-nvfp4-r3", routing_replay=True)
 
 # vLLM as its x86 CPU build executes it (the real peer of results/vllm-cpu, an AVX2 machine): the CPU-kernel
 # choices the first-divergence trace against real vLLM found (peers.vllm_trace), each bitwise on vLLM's own op

@@ -29,6 +29,7 @@ def test_experiments_dry_run(experiment):
         ("experiment: bad\nrl: {steps: 0}\n", "steps"),
         ("experiment: bad\nquant_error: {cols: 100}\n", "cols"),
         ("experiment: bad\ndiagnostics: {pairs: [bf16]}\n", "pairs"),
+        ("experiment: bad\ndiagnostics: {budget: {'bf16:bf16': -1}}\n", "budget"),
         ("experiment: bad\nunknown_stage: {}\n", "unknown_stage"),
     ],
 )

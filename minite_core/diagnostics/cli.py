@@ -1,11 +1,14 @@
 """`minite diagnose`: measure the learner↔sampler execution gap of profile pairs on one checkpoint.
 
 For each pair "learner:sampler": the sampler generates responses to the prompts (KV-cache decode, processed
-log-probs, its argmax per step), the learner rescores the same tokens (full-sequence forward), and the mismatch
-metrics (engines.mismatch) are computed overall and per response-position bucket. `--trace` adds the
-first-divergence trace of each pair, prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace);
-`--attribution` the one-knob attribution from the naive pair (diagnostics.attribution). Output: one JSON per the
-results contract (stage "diagnostics"), figures optional (diagnostics.figures).
+log-probs and their full rows, its argmax per step, the experts each MoE layer executed), the learner rescores the
+same tokens (full-sequence forward, recording its own routing, replaying the sampler's under R3), and the mismatch
+metrics (engines.mismatch: k1/k3/..., max |Δ|, full-vocabulary KL, routing agreement per MoE layer) are
+computed overall and per response-position bucket. `--trace` adds the first-divergence trace of each pair,
+prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace); `--attribution` the one-knob attribution
+from the naive pair (diagnostics.attribution); `--k3-budget` the mismatch gate (diagnostics.gate: exit 1 with one
+line per pair over budget). Output: one JSON per the results contract (stage "diagnostics"), figures optional
+(diagnostics.figures).
 
 Prompts: `--prompts` task JSONL (field "prompt", encoded with the checkpoint's tokenizer, which must be in the
 checkpoint dir) or random token prompts from the seed. Static activation scales (vllm-nvfp4) are calibrated on
@@ -17,6 +20,7 @@ derives from (--seed, stream, index) (seeds.py).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,12 +28,14 @@ from pathlib import Path
 import torch
 
 from minite_core.diagnostics import attribution as attr
+from minite_core.diagnostics.gate import check_budgets, parse_budgets, violation_line
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
 from minite_core.engines import Learner, Sampler
 from minite_core.engines.calibration import calibrate_on_examples, calibrate_on_sequences
-from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics
+from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics, routing_agreement
 from minite_core.model import load_pretrained
 from minite_core.nn import is_calibrated
+from minite_core.model.routing import moe_layers
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
 from minite_core.runs.cli import add_common_args, parse_with_config
@@ -44,6 +50,10 @@ NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (task.tokenizer); random
 
 def _log(msg: str) -> None:
     print(f"[diagnose {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.3e}"
 
 
 def parse_pairs(spec: str) -> list[tuple[str, str]]:
@@ -114,26 +124,51 @@ def calibrate_for_diagnose(model, args, prompts, tokenizer, vocab: int) -> str:
 
 def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts, *, max_new_tokens: int,
                  temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None):
-    """Sample with `sampler`, rescore with `learner` -> (metrics, by_position rows, rollout)."""
+    """Sample with `sampler` (recording its routing and its processed log-prob rows), rescore with `learner`
+    (replaying that routing when its profile says so) -> (metrics, by_position rows, rollout)."""
     learner, sampler = get_profile(learner), get_profile(sampler)
     rollout = Sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                               top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size)
-    lp_l, ent, mask, amax_l = Learner(model, learner, seed=seed, batch_size=batch_size).logprobs(
+                                               top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size,
+                                               record_routes=True, keep_logprob_rows=True)
+    sc = Learner(model, learner, seed=seed, batch_size=batch_size).score(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
-        with_argmax=True)
-    s = rollout.padded(device=lp_l.device)
-    if not bool(torch.isfinite(lp_l[mask]).all() & torch.isfinite(s["logprobs"][mask]).all()):  # one sync per pair
+        with_argmax=True, routes=rollout.routes, record_routes=True, sampler_rows=rollout.logprob_rows)
+    rollout.logprob_rows = None  # (tokens, V): free them now, the KL is computed
+    s = rollout.padded(device=sc.logp.device)
+    if not bool(torch.isfinite(sc.logp[sc.mask]).all() & torch.isfinite(s["logprobs"][sc.mask]).all()):  # one sync
         raise ValueError(f"diagnose {learner.name}:{sampler.name}: non-finite log-probs (learner or sampler logits "
                          "hold inf/NaN): the checkpoint's weights or the profile's scales overflow")
-    kw = dict(argmax_learner=amax_l, argmax_sampler=s["argmax_ids"])
-    metrics = mismatch_metrics(lp_l, s["logprobs"], mask, **kw)
+    kw = dict(argmax_learner=sc.argmax, argmax_sampler=s["argmax_ids"], kl=sc.kl_full_vocab)
+    metrics = mismatch_metrics(sc.logp, s["logprobs"], sc.mask, **kw)
+    layers = moe_layers(model)
+    metrics.update(routing_agreement(sc.routes, rollout.routes, layers))
+    if metrics["routing/applies"]:
+        metrics["routing/replayed"] = learner.routing_replay
+        if learner.routing_replay:  # executed routes agree by construction; what the router itself would pick:
+            metrics["routing/router_topk_disagree"] = routing_agreement(sc.router_routes, rollout.routes,
+                                                                        layers)["routing/topk_disagree"]
     lengths = [len(r) for r in rollout.response_ids]
     metrics.update({
         "rollout/response_len_mean": sum(lengths) / max(len(lengths), 1),
         "rollout/finished_frac": sum(rollout.finished) / max(len(rollout), 1),
-        "learner/entropy_mean": float(ent[mask].mean()) if mask.any() else float("nan"),
+        "learner/entropy_mean": float(sc.entropy[sc.mask].mean()) if sc.mask.any() else float("nan"),
     })
-    return metrics, mismatch_by_position(lp_l, s["logprobs"], mask, **kw), rollout
+    return metrics, mismatch_by_position(sc.logp, s["logprobs"], sc.mask, **kw), rollout
+
+
+def _trace(model, key, learner, sampler, rollout, n, threshold, modes=("prefill", "decode")) -> list[dict]:
+    """First-divergence traces of one measured pair on its first n rollout rows (the learner side replays the
+    sampler's routes when its profile does)."""
+    out = []
+    for mode in modes:
+        t = trace_pair(model, learner, sampler, rollout.prompt_ids[:n], rollout.response_ids[:n], sut_mode=mode,
+                       threshold=threshold, routes=rollout.routes[:n] if rollout.routes is not None else None)
+        t["pair"] = key
+        out.append(t)
+        first = t["first_divergence"]
+        _log(f"trace {key} [{mode}]: first divergence "
+             f"{first['op'] + ' rel=%.2e' % first['rel_err'] if first else 'none'}")
+    return out
 
 
 def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -141,32 +176,33 @@ def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float =
              trace_sequences: int | None = None,
              trace_threshold: float = TRACE_THRESHOLD, attribution: bool = False,
              attribution_base=("te-nvfp4", "vllm-nvfp4"), attribution_target: str = "minite",
-             attribution_cumulative: bool = False) -> dict:
+             attribution_cumulative: bool = False, budgets: dict[str, float] | None = None) -> dict:
     """The whole measurement on a loaded (and, if needed, calibrated) model -> {"metrics", "by_position",
-    "trace", "attribution"} (the last two None unless asked for)."""
+    "trace", "attribution", "budget"} (trace / attribution None unless asked for, budget None without budgets;
+    a budgeted pair over its budget that was not traced gets its decode trace, to name the first op)."""
     opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
                 batch_size=batch_size)
+    budgets = budgets or {}
     cache: dict = {}  # forward_key pair -> metrics, shared with the attribution
-    metrics, by_position, traces = {}, {}, [] if trace else None
+    metrics, by_position, traces, gate_traces = {}, {}, [] if trace else None, []
     for learner, sampler in pairs:
         key = f"{learner}:{sampler}"
         t0 = time.perf_counter()
         m, rows, rollout = measure_pair(model, learner, sampler, prompts, **opts)
         metrics[key], by_position[key] = m, rows
         cache[(attr.forward_key(get_profile(learner)), attr.forward_key(get_profile(sampler)))] = m
-        _log(f"{key}: k3={m['mismatch/k3']:.3e} k1={m['mismatch/k1']:.3e} flip={m['mismatch/argmax_flip']:.3f} "
-             f"tokens={m['mismatch/tokens']} ({time.perf_counter() - t0:.1f}s)")
+        _log(f"{key}: k3={m['mismatch/k3']:.3e} k1={m['mismatch/k1']:.3e} "
+             f"kl_full_vocab={m['mismatch/kl_full_vocab']:.3e} flip={m['mismatch/argmax_flip']:.3f} "
+             f"routing_disagree={_num(m['routing/topk_disagree'])} tokens={m['mismatch/tokens']} "
+             f"({time.perf_counter() - t0:.1f}s)")
+        n = trace_sequences or len(rollout)  # default: the measured batch itself (same per-tensor scales)
         if trace:
-            n = trace_sequences or len(rollout)  # default: the measured batch itself (same per-tensor scales)
-            for mode in ("prefill", "decode"):
-                t = trace_pair(model, learner, sampler, rollout.prompt_ids[:n], rollout.response_ids[:n],
-                               sut_mode=mode, threshold=trace_threshold)
-                t["pair"] = key
-                traces.append(t)
-                first = t["first_divergence"]
-                _log(f"trace {key} [{mode}]: first divergence "
-                     f"{first['op'] + ' rel=%.2e' % first['rel_err'] if first else 'none'}")
-    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None}
+            traces += _trace(model, key, learner, sampler, rollout, n, trace_threshold)
+        elif key in budgets and not m["mismatch/k3"] <= budgets[key]:
+            gate_traces += _trace(model, key, learner, sampler, rollout, n, trace_threshold, modes=("decode",))
+    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None, "budget": None}
+    if budgets:
+        result["budget"] = check_budgets(metrics, budgets, (traces or []) + gate_traces)
     if attribution:
         def measure(lp, sp):
             t0 = time.perf_counter()
@@ -201,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attribution-target", default="minite")
     p.add_argument("--attribution-cumulative", action="store_true",
                    help="also switch the knobs one after another (interactions)")
+    p.add_argument("--k3-budget", action="append", default=[], metavar="[PAIR=]X",
+                   help="mismatch budget: fail (exit 1) when a pair's k3 exceeds X; X alone = every pair, "
+                        "learner:sampler=X = that pair (repeatable; a pair's own value wins)")
+    p.add_argument("--budget-json", default="{}", help='config form of the budget: {"learner:sampler": k3, ...}')
     p.add_argument("--out", required=True, help="result JSON (results contract, stage 'diagnostics')")
     p.add_argument("--figures", default=None, help="directory for PNG figures")
     add_common_args(p, config_help="the experiment's `diagnostics:` section as JSON (keys = the flags above)")
@@ -221,6 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_with_config(p, argv)
     _check_args(p, args)
     pairs = parse_pairs(args.pairs or f"{args.learner}:{args.sampler}")
+    try:
+        budget_cfg = [f"{pair}={value}" for pair, value in json.loads(args.budget_json).items()]
+        budgets = parse_budgets(budget_cfg + args.k3_budget, [f"{l}:{s}" for l, s in pairs])
+    except (ValueError, AttributeError) as e:
+        p.error(f"--k3-budget / budget: {e}")
+    try:
+        budgets = parse_budgets(args.k3_budget, [f"{l}:{s}" for l, s in pairs])
+    except ValueError as e:
+        parser.error(str(e))
     base = parse_pairs(args.attribution_base)[0]
     ckpt = Path(args.checkpoint)
     model = load_pretrained(ckpt, dtype=torch.float32, device=args.device).eval()
@@ -249,23 +298,26 @@ def main(argv: list[str] | None = None) -> int:
                       trace=args.trace, trace_sequences=args.trace_sequences, trace_threshold=args.trace_threshold,
                       attribution=args.attribution, attribution_base=base,
                       attribution_target=args.attribution_target,
-                      attribution_cumulative=args.attribution_cumulative)
+                      attribution_cumulative=args.attribution_cumulative, budgets=budgets)
     config = {"checkpoint": str(ckpt), "pairs": [f"{l}:{s}" for l, s in pairs], "num_prompts": args.num_prompts,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
               "seed": args.seed, "prompts": prompt_src, "calibration": calib_src, "device": args.device,
               "trace": args.trace, "attribution": args.attribution,
               "attribution_base": f"{base[0]}:{base[1]}" if args.attribution else None,
-              "attribution_cumulative": args.attribution_cumulative}
+              "attribution_cumulative": args.attribution_cumulative, "k3_budget": budgets}
     write_result(args.out, stage="diagnostics", experiment=args.experiment, config=config,
                  metrics=result["metrics"], by_position=result["by_position"], trace=result["trace"],
-                 attribution=result["attribution"])
+                 attribution=result["attribution"], budget=result["budget"])
     _log(f"wrote {args.out}")
     if args.figures:
         from minite_core.diagnostics.figures import write_figures
         from minite_core.results import read_result
         paths = write_figures(read_result(args.out, stage="diagnostics"), args.figures)
         _log(f"wrote {len(paths)} figures to {args.figures}")
-    return 0
+    failed = [row for row in result["budget"] or [] if not row["pass"]]
+    for row in failed:  # the gate: one line per pair over its budget, after the result is on disk
+        print(f"minite diagnose: error: {violation_line(row)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ How it runs (the way vLLM / SGLang serve a batch, reduced to its numerics):
   other prompts share its batch, *as long as its logits do not* (per-tensor activation scales and pads make the
   logits themselves batch-dependent — a numerics effect, kept on purpose).
 - A row stops at the first stop token (kept in the response) or after `max_new_tokens` (finished = False).
+- Only when asked (memory): `record_routes` keeps the expert ids every MoE layer executed for every token the
+  sampler fed (prefill and each decode step; model/routing.py), per row in sequence order, for the routing
+  diagnostics and for a learner that replays them (R3); `keep_logprob_rows` keeps the whole processed log-prob
+  row (V values) of every sampled step, for the full-vocabulary KL.
 
 Shape legend: B = batch rows, P = padded prompt length, V = vocab.
 """
@@ -32,6 +36,7 @@ import torch
 
 from minite_core.engines.batching import pack_left
 from minite_core.model import KVCache, set_profile
+from minite_core.model.routing import NOT_ROUTED, Routing, moe_layers, stack_calls, use_routing
 from minite_core.profiles import Profile, get_profile
 from minite_core.seeds import derive_seed
 from minite_core.task.tokenizer import EOS_ID, PAD_ID
@@ -46,6 +51,11 @@ class Rollout:
     logprobs: list[list[float]]  # log p_processed(token) under the sampler
     finished: list[bool]
     argmax_ids: list[list[int]] = field(default_factory=list)  # the sampler's argmax token at each step
+    # per row (P_i + R_i, Lm, K) int32: executed expert ids per prompt + response token and MoE layer, -1 where the
+    # sampler never fed the token (its last sampled one); None unless record_routes (and for dense models)
+    routes: list[torch.Tensor] | None = None
+    # per row (R_i, V) fp32: the processed log-prob row each response token was drawn from; None unless kept
+    logprob_rows: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -99,7 +109,8 @@ class Sampler:
         self.device = torch.device(device) if device is not None else model.lm_head.weight.device
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None) -> Rollout:
+                 top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None,
+                 record_routes: bool = False, keep_logprob_rows: bool = False) -> Rollout:
         if not prompts:
             raise ValueError("no prompts given (an empty batch)")
         if max_new_tokens < 1:
@@ -111,19 +122,43 @@ class Sampler:
         set_profile(self.model, self.profile)
         self.model.eval()
         batch_size = batch_size or max(len(prompts), 1)
-        out = Rollout([list(p) for p in prompts], [], [], [], [])
+        record_routes = record_routes and bool(moe_layers(self.model))  # a dense model has nothing to route
+        out = Rollout([list(p) for p in prompts], [], [], [], [], routes=[] if record_routes else None,
+                      logprob_rows=[] if keep_logprob_rows else None)
         for start in range(0, len(prompts), batch_size):
             idx = list(range(start, min(start + batch_size, len(prompts))))
-            resp, lps, fin, amx = self._generate_batch([prompts[i] for i in idx], idx, max_new_tokens,
-                                                       temperature, top_p, frozenset(stop_ids), seed)
+            routing = Routing() if record_routes else None
+            with use_routing(self.model, routing):
+                resp, lps, fin, amx, rows, fed = self._generate_batch(
+                    [prompts[i] for i in idx], idx, max_new_tokens, temperature, top_p, frozenset(stop_ids), seed,
+                    keep_logprob_rows)
             out.response_ids += resp
             out.logprobs += lps
             out.finished += fin
             out.argmax_ids += amx
+            if keep_logprob_rows:
+                out.logprob_rows += rows
+            if record_routes:
+                out.routes += self._row_routes(routing, [prompts[i] for i in idx], resp, fed)
+        return out
+
+    def _row_routes(self, routing: Routing, prompts, resp, fed: list[int]) -> list[torch.Tensor]:
+        """The batch's recorded calls (left-padded prefill, then one slot per decode step) -> per row
+        (P_i + R_i, Lm, K) in sequence order; fed[b] = decode steps that fed row b a real token (its first
+        fed[b] response tokens, contiguous: a row that stopped is fed pads from then on)."""
+        B, P = len(prompts), max(map(len, prompts))
+        calls = stack_calls(routing, moe_layers(self.model), B)  # (B, P + steps, Lm, K)
+        out = []
+        for b, (p, r) in enumerate(zip(prompts, resp)):
+            row = torch.full((len(p) + len(r), *calls.shape[2:]), NOT_ROUTED, dtype=calls.dtype,
+                             device=calls.device)
+            row[:len(p)] = calls[b, P - len(p):P]
+            row[len(p):len(p) + fed[b]] = calls[b, P:P + fed[b]]
+            out.append(row)
         return out
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed):
+    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows):
         dev, B = self.device, len(prompts)
         ids, attn = pack_left(prompts, device=dev)  # (B, P) left-padded
         P = ids.shape[1]
@@ -131,6 +166,8 @@ class Sampler:
         logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
         gens = [torch.Generator(device=dev).manual_seed(derive_seed(seed, i)) for i in indices]
         resp, lps, amx = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
+        rows = [[] for _ in range(B)]  # per row: its (V,) processed log-prob rows, when keep_rows
+        fed = [0] * B  # decode steps that fed each row a real token
         done = [False] * B
         for step in range(max_new_tokens):
             logp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
@@ -149,14 +186,19 @@ class Sampler:
                     resp[b].append(t)
                     lps[b].append(float(tok_lp[b]))
                     amx[b].append(int(top[b]))
+                    if keep_rows:
+                        rows[b].append(logp[b])
                     done[b] = t in stop_ids
             if all(done) or step == max_new_tokens - 1:
                 break
+            fed = [f + a for f, a in zip(fed, active)]
             alive = torch.tensor(active, device=dev)  # rows finished before this step feed a masked pad
             step_ids = torch.where(alive, tok, torch.full_like(tok, PAD_ID))[:, None]  # (B, 1)
             attn = torch.cat([attn, alive.long()[:, None]], dim=1)
             logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
-        return resp, lps, done, amx
+        rows = [torch.stack(r) if r else torch.zeros(0, logits.shape[-1], device=dev) for r in rows] if keep_rows \
+            else None
+        return resp, lps, done, amx, rows, fed
 
     @torch.inference_mode()
     def score(self, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0,

@@ -158,12 +158,18 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = QuantLinear(cfg.hidden_size, cfg.num_experts, role="router")
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.routing = None  # per-call hook (N, K) ids -> ids to execute | None; set only by model.routing
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (N, D) -> weights (N, K) in the router dtype, expert ids (N, K)
         logits = self.gate(x.to(torch_dtype(self.gate.profile.router_dtype)))  # (N, E)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
+        if self.routing is not None:  # record / replay (model/routing.py)
+            replayed = self.routing(top_idx)
+            if replayed is not None:  # replayed expert set, this router's own gate weights over it
+                top_idx = replayed
+                top_w = probs.gather(-1, top_idx)
         if self.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         return top_w.to(logits.dtype), top_idx

@@ -7,11 +7,13 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
    times (groups contiguous, as ``group_advantages`` expects).
 2. rollout: the ``Sampler`` under S generates the N responses (temperature / top-p from the config), seeded by
    derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
-   of its processed distribution (vLLM's ``logprobs``).
+   of its processed distribution (vLLM's ``logprobs``). With a learner profile that replays routing (R3,
+   ``routing_replay``) it also records the experts every MoE layer executed for every token it fed.
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
-   and starts at exactly 1. The same numbers vs the sampler's give the
+   and starts at exactly 1 (under R3 the old and new forwards both replay the sampler's routes, so the ratio
+   moves only with the weights, never with a routing flip). The same numbers vs the sampler's give the
    step's ``mismatch/*`` metrics (engines.mismatch) — the quantity the paper is about.
 5. update: the N responses are split into ``mini_batches`` contiguous chunks, one AdamW step each (so from the
    second chunk on the ratio moves off 1 and the 0.2/0.28 clip acts); learner log-probs use the sampler's
@@ -132,7 +134,11 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
 
     t0 = time.perf_counter()
     roll = sampler.generate(prompts, max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=tagged(seed, "sample", step))
+                            seed=tagged(seed, "sample", step),
+                            record_routes=learner.profile.routing_replay)
+
+    def routes(sl):  # the sampler's routes of these rows, replayed by an R3 learner (None: nothing recorded)
+        return None if roll.routes is None else roll.routes[sl]
     t_sample = time.perf_counter() - t0
     rewards = torch.tensor([reward(decode_response(tok, r), a, cfg.format_credit)
                             for r, a in zip(roll.response_ids, answers)], device=learner.device)
@@ -146,7 +152,8 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
         # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
         parts = [learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
-                                  top_p=cfg.top_p, with_entropy=True, with_argmax=True) for sl in slices]
+                                  top_p=cfg.top_p, with_entropy=True, with_argmax=True, routes=routes(sl))
+                 for sl in slices]
     T = rp["mask"].shape[1]
     logp_old, entropy, mask, argmax_l = (torch.cat([_pad_cols(p[i], T) for p in parts]) for i in range(4))
     if not torch.equal(mask, rp["mask"]):
@@ -156,7 +163,7 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
                                 argmax_sampler=rp["argmax_ids"], cap=cfg.correction_cap))
 
     grad_norms, actor = _update(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
-                                mask, rp["logprobs"], correction)
+                                mask, rp["logprobs"], correction, routes)
     t_learn = time.perf_counter() - t1
 
     n_tok = int(mask.sum())
@@ -184,8 +191,9 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
 
 
 def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_old, adv, mask, logp_sampler,
-            correction) -> tuple[list[float], dict[str, list[float]]]:
+            correction, routes) -> tuple[list[float], dict[str, list[float]]]:
     """The PPO update of one RL step, one optimizer step per mini-batch slice -> (grad norms, actor metrics).
+    routes(slice): the sampler's routes of those rows (replayed by an R3 learner) or None.
     Stops before an optimizer step whose loss or gradient norm is not finite."""
     model.train()
     actor: dict[str, list[float]] = {}
@@ -193,7 +201,7 @@ def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_
     for k, sl in enumerate(slices):
         learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
         logp_new, _, _ = learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature,
-                                          top_p=cfg.top_p, grad=True)
+                                          top_p=cfg.top_p, grad=True, routes=routes(sl))
         T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
         loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
                                 correction=correction, logp_sampler=logp_sampler[sl, :T], cap=cfg.correction_cap)

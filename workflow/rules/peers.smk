@@ -1,11 +1,12 @@
 # Stage (optional, not part of `rule all`): our engines against the real vLLM sampler on CPU
 # (minite_core.peers.vllm_compare; results/vllm-cpu/README.md). `snakemake --cores 2 vllm_peer` runs it with the
-# vLLM peer venv's python (env MINITE_VLLM_PYTHON, default /work/vllm-venv/bin/python: vllm-cpu pins its own torch)
+# vLLM peer venv's python (env MINITE_VLLM_PYTHON, e.g. the README's vllm venv: vllm-cpu pins its own torch; default:
+# this python)
 # when vllm is importable there, and otherwise writes status "skipped" with the reason. The measurement itself goes
 # to results/vllm-cpu/ (committed); this rule's output is the status file of this experiment.
 import os
 
-VLLM_PYTHON = os.environ.get("MINITE_VLLM_PYTHON", "/work/vllm-venv/bin/python")
+VLLM_PYTHON = os.environ.get("MINITE_VLLM_PYTHON", "python")
 
 
 rule vllm_peer:
@@ -15,6 +16,8 @@ rule vllm_peer:
         f"{RESULTS}/logs/vllm_peer.log",
     benchmark:
         f"{RESULTS}/benchmarks/vllm_peer.tsv"
+    conda:
+        ENV
     params:
         python=VLLM_PYTHON,
         out="results/vllm-cpu",
