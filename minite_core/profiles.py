@@ -17,6 +17,7 @@ BLOCKS = ((1, 16), (16, 16))
 SCALE_MODES = ("tensor", "row")
 MATHS = ("exact", "fast")
 ROUNDINGS = ("rne", "sr")
+FOUR_OVER_SIX = ("off", "mae", "mse")
 DTYPES = ("float32", "bfloat16")
 W4A4_GEMMS = ("reference", "vllm-cpu")
 KERNEL_ROUNDINGS = ("rne", "rtz")
@@ -31,14 +32,24 @@ class Quant:
     math: str = "exact"  # "exact" = TE / FlashInfer without fast-math; "fast" = vLLM's order of operations
     rounding: str = "rne"  # "sr" = stochastic rounding (gradients in TE's recipe)
     static: bool = False  # global scale from a calibrated amax (vLLM's input_global_scale), not this tensor's
+    # TE 2.20's "4over6" block-scale choice (formats/four_over_six.py) with its error measure, "mae" (TE's
+    # default) or "mse". Off by default: every block maps its amax to 6, as NVFP4 and every other engine do.
+    four_over_six: str = "off"
 
     def __post_init__(self):
         _check("block", tuple(self.block), BLOCKS)
         _check("scale_mode", self.scale_mode, SCALE_MODES)
         _check("math", self.math, MATHS)
         _check("rounding", self.rounding, ROUNDINGS)
+        _check("four_over_six", self.four_over_six, FOUR_OVER_SIX)
         if self.static and self.scale_mode != "tensor":
             raise ValueError("Quant.static=True needs scale_mode='tensor' (a calibrated scale is per tensor)")
+        if self.four_over_six != "off":
+            if self.rounding != "rne" or self.math != "exact":
+                raise ValueError(f"Quant.four_over_six={self.four_over_six!r} needs rounding='rne' and math='exact' "
+                                 "(4over6 has its own arithmetic; TE refuses it with stochastic rounding)")
+            if self.scale_mode == "row" and tuple(self.block) != (1, 16):
+                raise ValueError("Quant.four_over_six with scale_mode='row' needs block=(1, 16) (as TE's row_scaled_nvfp4)")
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,9 @@ class Profile:
             raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")
         if self.grad is not None and self.weight is None:
             raise ValueError(f"profile {self.name!r}: a quantized backward needs quantized weights")
+        if self.wgrad_rht and any(q is not None and q.four_over_six != "off" for q in (self.activation, self.grad)):
+            raise ValueError(f"profile {self.name!r}: 4over6 with wgrad_rht=True is not supported (TE 2.20 refuses "
+                             "4over6 with RHT: no fused RHT + 4over6 quantizer)")
 
     @property
     def quantized(self) -> bool:
@@ -197,6 +211,14 @@ PROFILES["te-nvfp4-r3"] = PROFILES["te-nvfp4"].replace(name="te-nvfp4-r3", routi
 _VLLM_CPU = dict(rope_dtype="float32", attention_dtype="float32", kernel_rounding="rtz", fused_add_norm=True)
 PROFILES["vllm-nvfp4-cpu"] = PROFILES["vllm-nvfp4"].replace(name="vllm-nvfp4-cpu", w4a4_gemm="vllm-cpu", **_VLLM_CPU)
 PROFILES["vllm-bf16-cpu"] = PROFILES["bf16"].replace(name="vllm-bf16-cpu", **_VLLM_CPU)
+
+# A baseline from TE 2.20's reference options that no rollout engine offers yet: miniTE with 4over6 block-scale
+# selection (MAE, global E4M3 bound 256) on weights and activations. It is miniTE rather than te-nvfp4 because it
+# is a real TE configuration only without RHT — NVFP4BlockScaling(nvfp4_4over6="all", disable_rht=True,
+# disable_2d_quantization=True, row_scaled_activation=True) — and because an aligned pair needs both sides to
+# run it (this project's sampler can; vLLM cannot). Gradients keep plain NVFP4 + SR, as TE keeps its grad slots.
+PROFILES["minite-4over6"] = PROFILES["minite"].replace(
+    name="minite-4over6", **{"weight.four_over_six": "mae", "activation.four_over_six": "mae"})
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -5,6 +5,8 @@ SQNR = 10·log10(‖x‖² / ‖x − x̂‖²) in dB for each combination of bl
 heavy-tailed (Student-t) data. With RHT the error is measured in the rotated basis, which equals the error in
 the original basis because the transform is orthogonal. This is the "what does each engine's choice cost in
 isolation" table; the mismatch stage measures what the *difference* between two engines' choices costs.
+TE 2.20's 4over6 block-scale selection (`formats.four_over_six`, MAE and MSE) adds rows with math "4over6-mae" /
+"4over6-mse": RNE, no RHT (TE refuses both SR and RHT with it), and no per-row 16×16 (TE's row scaling is 1×16).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import itertools
 
 import torch
 
+from minite_core.formats.four_over_six import ERR_MODES, quantize_4over6
 from minite_core.formats.nvfp4 import dequantize, quantize
 from minite_core.formats.rht import rht
 from minite_core.results import write_result
@@ -49,6 +52,16 @@ def survey(rows: int = 512, cols: int = 512, seed: int = 0) -> list[dict]:
         out.append({
             "dist": dist, "block": f"{block[0]}x{block[1]}", "scale_mode": scale_mode, "math": math,
             "rounding": rounding, "rht": use_rht, "sqnr_db": round(sqnr_db(x, dequantize(t)), 4),
+        })
+    for dist, block, scale_mode, mode in itertools.product(DISTRIBUTIONS, ((1, 16), (16, 16)), ("tensor", "row"),
+                                                           ERR_MODES):
+        if scale_mode == "row" and block == (16, 16):
+            continue
+        x = make_data(dist, rows, cols, seed)
+        t = quantize_4over6(x, block=block, scale_mode=scale_mode, err_mode=mode)
+        out.append({
+            "dist": dist, "block": f"{block[0]}x{block[1]}", "scale_mode": scale_mode, "math": f"4over6-{mode}",
+            "rounding": "rne", "rht": False, "sqnr_db": round(sqnr_db(x, dequantize(t)), 4),
         })
     return out
 

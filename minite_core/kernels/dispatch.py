@@ -88,9 +88,10 @@ def fast_path(x: torch.Tensor, backend: str | None = None) -> bool:
 
 
 def _quant_kwargs(quant: Quant | None, kwargs: dict) -> dict:
-    q = dict(block=(1, 16), scale_mode="tensor", math="exact", rounding="rne")
+    q = dict(block=(1, 16), scale_mode="tensor", math="exact", rounding="rne", four_over_six="off")
     if quant is not None:
-        q.update(block=tuple(quant.block), scale_mode=quant.scale_mode, math=quant.math, rounding=quant.rounding)
+        q.update(block=tuple(quant.block), scale_mode=quant.scale_mode, math=quant.math, rounding=quant.rounding,
+                 four_over_six=quant.four_over_six)
     q.update(kwargs)
     return q
 

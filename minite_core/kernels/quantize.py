@@ -326,6 +326,7 @@ def quantize_triton(
     check: bool = True,
     col_amax: torch.Tensor | None = None,
     seg_seed: tuple[torch.Tensor, torch.Tensor] | None = None,
+    four_over_six: str = "off",
     block_m: int = BLOCK_M_DEFAULT,
     block_k: int = BLOCK_K_DEFAULT,
     num_warps: int = NUM_WARPS_DEFAULT,
@@ -335,6 +336,9 @@ def quantize_triton(
     `amax` of shape [M] with scale_mode="row" = one static amax per row; `col_amax` [K/16] = one amax per
     16-column block ("col-seg"; the returned global_scale is then empty: the caller owns the per-segment S_dec);
     `seg_seed` = (seeds int64, indices int64) per row — or per column with col_amax — for rounding="sr"."""
+    if four_over_six != "off":
+        raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
+                                  "MINITE_KERNELS=reference (formats/four_over_six.py)")
     block = tuple(block)
     ref._validate(x, block, check)  # same ValueErrors as the reference (shape, K % 16, non-finite)
     if scale_mode not in ("tensor", "row") or math not in ("exact", "fast") or rounding not in ("rne", "sr"):

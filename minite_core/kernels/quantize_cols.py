@@ -157,10 +157,14 @@ def col_block_amax(x: torch.Tensor, *, rht: bool = False, block_t: int = BLOCK_T
 
 def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor | None = None, math: str = "exact",
                          rounding: str = "rne", seed: int | None = None, seg_seed=None, rht: bool = False,
-                         emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT, block_c: int = BLOCK_C_DEFAULT):
+                         emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT, block_c: int = BLOCK_C_DEFAULT,
+                         four_over_six: str = "off"):
     """x [T, C] -> (NVFP4Tensor of xᵀ [C, T] with 1×16 blocks along T, bf16 e2m1(q)·sf [C, T] or None).
     Global scale: `col_amax` [T/16] per 16-token block (returned global_scale is then empty: the caller owns
     the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`)."""
+    if four_over_six != "off":
+        raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
+                                  "MINITE_KERNELS=reference (formats/four_over_six.py)")
     t_len, c_len = x.shape
     if t_len % 16:
         raise ValueError(f"the along-token quantizer needs T % 16 == 0 (pad the tokens), got x of shape {tuple(x.shape)}")

@@ -8,10 +8,19 @@ from minite_core.formats import nvfp4 as ref
 
 
 def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, rounding="rne", math="exact",
-                       seed=None, rht=False, emit_dq=False, check=True, **_tiles):
-    """The plain torch reference behind the same signature (`formats`): RHT pre-pass, then `nvfp4.quantize`."""
+                       seed=None, rht=False, emit_dq=False, check=True, four_over_six="off", **_tiles):
+    """The plain torch reference behind the same signature (`formats`): RHT pre-pass, then `nvfp4.quantize`
+    (or `four_over_six.quantize_4over6` when four_over_six is "mae" / "mse")."""
     from minite_core.formats.rht import rht as rht_fn
 
+    if four_over_six != "off":
+        from minite_core.formats.four_over_six import quantize_4over6
+
+        if rounding != "rne" or math != "exact" or rht:
+            raise ValueError(f"4over6 needs rounding='rne', math='exact' and no RHT, got rounding={rounding!r} "
+                             f"math={math!r} rht={rht} (TE 2.20 refuses the same combinations)")
+        t = quantize_4over6(x, block=block, scale_mode=scale_mode, amax=amax, err_mode=four_over_six, check=check)
+        return t, (ref.dequantize_unscaled(t).to(torch.bfloat16) if emit_dq else None)
     if rounding == "sr" and seed is None:
         raise ValueError("rounding='sr' needs an explicit integer seed (no hidden global RNG)")
     x_in = rht_fn(x) if rht else x

@@ -22,6 +22,7 @@ PAIR_LABELS = {
     "minite:minite": "miniTE ↔ miniTE (aligned)",
     "minite-fp32attn:minite-fp32attn": "miniTE + fp32 attention (aligned)",
     "te-nvfp4-r3:vllm-nvfp4": "naive Blackwell stack + routing replay (R3)",
+    "minite-4over6:minite-4over6": "miniTE + TE's 4over6 block scales (aligned)",
 }
 HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 
