@@ -2,16 +2,23 @@
 # on one H200: `snakemake --cores 16 --resources gpu=4 --configfile experiments/h200.yaml`.
 from snakemake.utils import min_version, validate
 
+from minite_core import experiment
+
 min_version("9.0")
 
 
-if not workflow.overwrite_configfiles:  # the CPU smoke experiment, unless --configfile names another
-    # (loading it always would merge its keys into every other experiment's config)
+# The CPU smoke experiment, unless --configfile names another (loading it always would merge its keys into
+# every other experiment's config).
+if not workflow.overwrite_configfiles:
 
     configfile: "experiments/smoke.yaml"
 
 
+# Config errors are found here, at parse time (`snakemake -n`), one line each naming the key path:
+# the schema first, then its defaults filled in, then the semantic checks (minite_core/experiment.py).
+experiment.check_schema(config, "workflow/schemas/config.schema.yaml")
 validate(config, "workflow/schemas/config.schema.yaml")
+experiment.check_semantics(config)
 
 EXP = config["experiment"]
 RESULTS = f"results/{EXP}"
@@ -26,9 +33,10 @@ include: "workflow/rules/rl.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/peers.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.report.output,
-    default_target: True

@@ -18,6 +18,8 @@ SCALE_MODES = ("tensor", "row")
 MATHS = ("exact", "fast")
 ROUNDINGS = ("rne", "sr")
 DTYPES = ("float32", "bfloat16")
+W4A4_GEMMS = ("reference", "vllm-cpu")
+KERNEL_ROUNDINGS = ("rne", "rtz")
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,43 @@ class Profile:
     # softmax(QKᵀ)V precision. bf16 attention rounds differently in cached decode than in the learner's
     # full-sequence prefill, and the next GEMM's NVFP4 re-quantization amplifies that (diagnostics trace).
     attention_dtype: str | None = None  # None = `dtype`
+    # W4A4 GEMM arithmetic after the codes. "reference": fp32 operands and accumulation, global scales in the
+    # epilogue (an NVFP4 tensor core; vLLM's CUTLASS/FlashInfer path on sm_100). "vllm-cpu": vLLM's CPU
+    # emulation kernel (kernels.vllm_cpu): global scale folded into the block scale, both operands rounded to
+    # `dtype`, matmul in `dtype`; found by the trace against real vLLM (results/vllm-cpu). Needs static inputs.
+    w4a4_gemm: str = "reference"
+    # RoPE rotation precision. None = `dtype`: x·cos, y·sin and their sum each rounded (transformers; vLLM's
+    # CUDA kernel computes in scalar_t). "float32": products and sum in fp32 from the bf16 q/k and bf16 cos/sin
+    # cache, one rounding (vLLM's CPU kernel, csrc/cpu/pos_encoding.cpp; bitwise, tests/test_vllm_peer.py).
+    rope_dtype: str | None = None
+    # fp32 -> `dtype` rounding where a kernel computes in fp32 and writes `dtype` (RoPE / attention with
+    # rope_dtype / attention_dtype "float32"). "rne": round to nearest even (torch's cast). "rtz": truncation,
+    # as vLLM's x86 CPU kernels convert on AVX2 / AVX-512F without AVX512-BF16 (FP32Vec8_to_BF16Vec8_avx2 shifts
+    # the low 16 bits out, csrc/cpu/cpu_types_x86.hpp); ISA-dependent (AVX512-BF16, ARM: RNE).
+    kernel_rounding: str = "rne"
+    # RMSNorm after a residual add normalises the fp32 sum before it is rounded (the stream keeps the rounded
+    # sum): vLLM's native `fused_add_rms_norm` (vllm/ir/ops/layernorm.py), the op its CPU build runs. False = the
+    # rounded sum, as transformers and vLLM's CUDA kernel (the sum is taken in scalar_t).
+    fused_add_norm: bool = False
+    # Rollout routing replay (R3, arXiv 2510.11370), learner side only (a sampler ignores it): each token's MoE
+    # layers execute the top-k expert SET the sampler recorded for it instead of this router's own top-k; the
+    # gate weights still come from this router's softmax over those experts, so the router keeps its gradient.
+    # Off by default: engines route independently, and the routing diagnostics measure how often they disagree.
+    routing_replay: bool = False
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
         _check("lm_head_dtype", self.lm_head_dtype, DTYPES)
         _check("dtype", self.dtype, DTYPES)
-        if self.attention_dtype is not None:
-            _check("attention_dtype", self.attention_dtype, DTYPES)
+        for key in ("attention_dtype", "rope_dtype"):
+            if getattr(self, key) is not None:
+                _check(key, getattr(self, key), DTYPES)
+        _check("w4a4_gemm", self.w4a4_gemm, W4A4_GEMMS)
+        _check("kernel_rounding", self.kernel_rounding, KERNEL_ROUNDINGS)
+        if self.w4a4_gemm == "vllm-cpu" and self.weight is not None and not (
+                self.activation is not None and self.activation.static and self.weight.scale_mode == "tensor"):
+            raise ValueError(f"profile {self.name!r}: w4a4_gemm='vllm-cpu' needs static per-tensor activation "
+                             "scales and per-tensor weight scales (vLLM's W4A4 checkpoint layout)")
         first, last = self.boundary_layers
         if first < 0 or last < 0:
             raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")
@@ -153,6 +185,18 @@ PROFILES: dict[str, Profile] = {
 # A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
 # decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
+# The naive Blackwell learner with rollout routing replay (R3): how much of the naive pair's gap is routing flips.
+PROFILES["te-nvfp4-r3"] = PROFILES["te-nvfp4"].replace(name="te-nvfp4-r3", routing_replay=True)
+
+# vLLM as its x86 CPU build executes it (the real peer of results/vllm-cpu, an AVX2 machine): the CPU-kernel
+# choices the first-divergence trace against real vLLM found (peers.vllm_trace), each bitwise on vLLM's own op
+# inputs: the emulation GEMM (kernels.vllm_cpu), the fp32 RoPE kernel (csrc/cpu/pos_encoding.cpp), the fp32
+# attention kernel (csrc/cpu/cpu_attn_vec.hpp: q·scale, QKᵀ, softmax and PV in fp32; one kernel for prefill and
+# decode), the truncating fp32->bf16 store of both, and the fused add-RMSNorm. None of them is Blackwell's arithmetic, so `vllm-nvfp4`
+# keeps its values; `vllm-bf16-cpu` is the same non-GEMM kernels around bf16 GEMMs (vLLM bf16 on CPU).
+_VLLM_CPU = dict(rope_dtype="float32", attention_dtype="float32", kernel_rounding="rtz", fused_add_norm=True)
+PROFILES["vllm-nvfp4-cpu"] = PROFILES["vllm-nvfp4"].replace(name="vllm-nvfp4-cpu", w4a4_gemm="vllm-cpu", **_VLLM_CPU)
+PROFILES["vllm-bf16-cpu"] = PROFILES["bf16"].replace(name="vllm-bf16-cpu", **_VLLM_CPU)
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -2,9 +2,15 @@
 `{"schema": "<stage>/v1", "experiment", "config", "env": {gpu, torch, commit}, "metrics": {...}}`
 (step series go to CSV beside it). The report reads only these files, so an external framework that
 writes a conforming file shows up in the tables as a new baseline.
+
+`env` = hardware and software identity (`env_info`) plus the run options that change numerics and are not in a
+stage's config, registered once per process by the CLI layer (`set_run_env`: the kernel backend). Configs travel
+as JSON both ways: a rule passes a stage's config section as `--config-json`, `config_from_json` builds the frozen
+dataclass (unknown keys are an error naming them), `config_to_dict` is the form the result records.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -14,8 +20,16 @@ from pathlib import Path
 import torch
 
 
+_RUN_ENV: dict = {}  # run options recorded in every result's env (set_run_env)
+
+
+def set_run_env(**items) -> None:
+    """Record run options (e.g. kernels="reference") in the `env` of every result this process writes."""
+    _RUN_ENV.update(items)
+
+
 def env_info() -> dict:
-    """Hardware and software identity of this run (GPU name or CPU, torch version, git commit)."""
+    """Hardware and software identity of this run (GPU name or CPU, torch version, git commit) + run options."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
     try:
         commit = subprocess.run(
@@ -24,17 +38,27 @@ def env_info() -> dict:
         ).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return {"gpu": gpu, "torch": torch.__version__, "commit": os.environ.get("MINITE_COMMIT", commit)}
+    return {"gpu": gpu, "torch": torch.__version__, "commit": os.environ.get("MINITE_COMMIT", commit), **_RUN_ENV}
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write via `<path>.tmp` + rename: an interruption leaves the previous file (or none), never half of one,
+    and a failed write removes its `.tmp`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def write_json(path: str | Path, payload: dict) -> Path:
-    """Atomic write (tmp + rename): an interrupted run never leaves a half-written result behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=_jsonable) + "\n")
-    tmp.replace(path)
-    return path
+    """Atomic JSON write: an interrupted run never leaves a half-written result behind."""
+    text = json.dumps(payload, indent=2, sort_keys=False, default=_jsonable, allow_nan=True) + "\n"
+    return atomic_write_bytes(path, text.encode())
 
 
 def write_result(path, *, stage: str, experiment: str, config: dict, metrics: dict, **extra) -> Path:
@@ -58,3 +82,30 @@ def _jsonable(obj):
     if isinstance(obj, tuple):
         return list(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# ---- configs as JSON -------------------------------------------------------------------------------------------
+def _tuples(value):
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+def config_from_dict(cls, data: dict | None):
+    """Frozen dataclass ``cls`` from a dict; unknown keys raise ValueError naming them and the known ones."""
+    data = dict(data or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {unknown}; known: {sorted(names)}")
+    return cls(**{k: _tuples(v) for k, v in data.items()})
+
+
+def config_from_json(cls, text: str | None):
+    return config_from_dict(cls, json.loads(text) if text else {})
+
+
+def config_to_dict(cfg) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists: the form it is compared in

@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from minite_core.engines import Learner, Sampler, derive_seed, gemm_modules, pack_right, processed_logprobs
+from minite_core.engines import Learner, Sampler, pack_right, processed_logprobs
+from minite_core.nn import gemm_modules
+from minite_core.seeds import derive_seed
 from minite_core.model import PRESETS, CausalLM
 from minite_core.profiles import get_profile
 
@@ -114,12 +116,12 @@ def test_learner_grad_and_step_seeds(moe):
     assert moe.lm_head.weight.grad is not None
     moe.zero_grad(set_to_none=True)
     learner.set_step(3)
-    seeds = [m.seed for m in gemm_modules(moe)]
+    seeds = [m.seed for _, m in gemm_modules(moe)]
     assert len(set(seeds)) == len(seeds)
     learner.set_step(3)
-    assert seeds == [m.seed for m in gemm_modules(moe)]
+    assert seeds == [m.seed for _, m in gemm_modules(moe)]
     learner.set_step(4)
-    assert seeds != [m.seed for m in gemm_modules(moe)]
+    assert seeds != [m.seed for _, m in gemm_modules(moe)]
 
 
 def test_pack_right_positions():

@@ -1,4 +1,4 @@
-"""engines.export: compressed-tensors NVFP4 checkpoints, bit-exact against our quantizer and back (codes and
+"""model.nvfp4_io: compressed-tensors NVFP4 checkpoints, bit-exact against our quantizer and back (codes and
 scales compared with atol=0, rtol=0)."""
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import torch
 
 from minite_core.profiles import get_profile
 
-from minite_core.engines.export import (
+from minite_core.model.nvfp4_io import (
     FORMAT,
     amax_for_encode_scale,
     export_nvfp4,
     fusion_groups,
     load_nvfp4,
-    main,
     pinned_weights,
     quantize_checkpoint_weights,
     shared_weight_amax,
@@ -23,7 +22,8 @@ from minite_core.engines.export import (
 from minite_core.formats.nvfp4 import dequantize, global_encode_scale, quantize
 from minite_core.model import PRESETS, CausalLM, save_pretrained, set_profile
 from minite_core.model.io import read_safetensors
-from minite_core.nn import calibrate
+from minite_core.model.calibrate import calibrate
+from minite_core.peers.export import main
 
 MOE = PRESETS["tiny-moe"]
 DENSE = PRESETS["tiny-dense"]

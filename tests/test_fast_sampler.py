@@ -12,7 +12,8 @@ from minite_core.engines import sampler as ref_sampler
 from minite_core.engines.host_sync import find_host_syncs
 from minite_core.formats import philox
 from minite_core.model import PRESETS, CausalLM, KVCache, set_profile
-from minite_core.nn import calibrate, clear_weight_caches
+from minite_core.model.calibrate import calibrate
+from minite_core.nn import clear_weight_caches
 from minite_core.profiles import get_profile
 
 CUDA = torch.cuda.is_available()
@@ -66,19 +67,26 @@ def test_fast_equals_reference_bitwise(models, model_name, profile):
     assert any(finished) and not all(finished)  # early stops and full-length rows both covered
 
 
-def test_full_logprobs_rows(models):
+@pytest.mark.parametrize("sync_every", [1, 4])
+def test_logprob_rows_and_routes_as_the_reference(models, sync_every):
+    """keep_logprob_rows / record_routes: the same per-row tensors as the reference (sync_every 4 runs decode
+    steps past the last stop, which must not leak into the routes)."""
     model = models["tiny-moe"]
-    kw = dict(max_new_tokens=8, top_p=0.8, seed=2, stop_ids=STOP, full_logprobs=True)
+    kw = dict(max_new_tokens=8, top_p=0.8, seed=2, stop_ids=STOP, keep_logprob_rows=True, record_routes=True)
     r_ref = Sampler(model, "minite").generate(PROMPTS, **kw)
-    r_sut = FastSampler(model, "minite", graph=False).generate(PROMPTS, **kw)
-    assert len(r_sut.full_logprobs) == len(PROMPTS)
-    for full_ref, full_sut, resp, lps in zip(r_ref.full_logprobs, r_sut.full_logprobs, r_sut.response_ids,
-                                             r_sut.logprobs):
-        assert full_sut.shape == (len(resp), model.config.vocab_size)
-        assert torch.equal(full_ref, full_sut)
-        assert full_sut.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist() == lps
-        assert bool((full_sut.exp().sum(-1) - 1).abs().max() < 1e-5)  # a normalised (top-p) distribution
-    assert Sampler(model, "bf16").generate(PROMPTS, max_new_tokens=2, seed=0).full_logprobs == []
+    r_sut = FastSampler(model, "minite", graph=False, sync_every=sync_every).generate(PROMPTS, **kw)
+    _assert_same(r_ref, r_sut)
+    assert any(r_ref.finished) and len(r_sut.logprob_rows) == len(r_sut.routes) == len(PROMPTS)
+    for rows_ref, rows_sut, routes_ref, routes_sut, prompt, resp, lps in zip(
+            r_ref.logprob_rows, r_sut.logprob_rows, r_ref.routes, r_sut.routes, PROMPTS, r_sut.response_ids,
+            r_sut.logprobs):
+        assert rows_sut.shape == (len(resp), model.config.vocab_size) and torch.equal(rows_ref, rows_sut)
+        assert rows_sut.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist() == lps
+        assert routes_sut.dtype == routes_ref.dtype and torch.equal(routes_ref, routes_sut)
+        assert routes_sut.shape[0] == len(prompt) + len(resp) and bool((routes_sut[:len(prompt)] >= 0).all())
+    plain = FastSampler(models["tiny-dense"], "bf16", graph=False).generate(PROMPTS, max_new_tokens=2, seed=0,
+                                                                           record_routes=True)
+    assert plain.routes is None and plain.logprob_rows is None  # dense: nothing to route; rows not asked
 
 
 @pytest.mark.parametrize("profile", ["bf16", "minite"])

@@ -341,3 +341,30 @@ def test_gpu_decode(m):
     y2 = dispatch.decode_gemm(x, tw, act=Quant(scale_mode="row"), out_dtype=torch.float32)
     tx = ref.quantize(x, scale_mode="row")
     assert _rel(y2, R.gemm_reference(tx, tw)) < TOL["gemm_rel"]
+
+
+@cpu_kernels
+@pytest.mark.parametrize("rht,sr,math", list(itertools.product([False, True], [False, True], ["exact", "fast"])))
+def test_quantize_cols_equals_reference_on_transpose(rht, sr, math):
+    """The along-token quantizer reads x [T, C] and gives exactly the row quantizer's codes of xᵀ."""
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
+
+    x = _input(96, 40, torch.bfloat16, seed=11)
+    kw = dict(rht=rht, rounding="sr" if sr else "rne", math=math, seed=123456789012 if sr else None)
+    t, d = quantize_cols_triton(x, emit_dq=True, block_t=32, block_c=16, **kw)
+    r, rd = quantize_reference(x.t().contiguous().cpu(), emit_dq=True, **kw)
+    _same(t, r, d, rd)
+    xf = rht_ref(x.t().float().cpu()) if rht else x.t().float().cpu()
+    assert torch.equal(col_block_amax(x, rht=rht, block_t=32, block_c=16).cpu(), xf.abs().reshape(40, 6, 16).amax(dim=(0, 2)))
+    # per-segment scales and seeds (three experts' tokens)
+    segs, tok_e = [(0, 32), (32, 48), (48, 96)], torch.tensor([0] * 32 + [1] * 16 + [2] * 48)
+    seeds = torch.tensor([5, 2**41 + 7, 99], dtype=torch.int64)
+    seg_amax = torch.stack([(rht_ref(x[s:e].t().float().cpu()) if rht else x[s:e].float().cpu()).abs().amax()
+                            for s, e in segs])
+    local = torch.arange(96) - torch.tensor([0, 32, 48])[tok_e]
+    t, _ = quantize_cols_triton(x, col_amax=seg_amax[tok_e[::16]].to(DEV), rounding=kw["rounding"], rht=rht, math=math,
+                                seg_seed=(seeds[tok_e].to(DEV), local.to(DEV)) if sr else None, block_t=32, block_c=16)
+    parts = [quantize_reference(x[s:e].t().contiguous().cpu(), rht=rht, rounding=kw["rounding"], math=math,
+                                seed=int(seeds[i]) if sr else None)[0] for i, (s, e) in enumerate(segs)]
+    assert torch.equal(t.data.cpu(), torch.cat([p.data for p in parts], 1))
+    assert torch.equal(t.scale.view(torch.uint8).cpu(), torch.cat([p.scale.view(torch.uint8) for p in parts], 1))

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from minite_core.formats.nvfp4 import dequantize, quantize
 from minite_core.formats.rht import rht
 from minite_core.model import PRESETS, CausalLM, set_profile
-from minite_core.nn import GroupedLinear, QuantLinear, calibrate, linear
+from minite_core.model.calibrate import calibrate
+from minite_core.nn import GroupedLinear, QuantLinear, linear
 from minite_core.nn.moe_layout import moe_layout, padded_rows, permute
 from minite_core.profiles import PROFILES, get_profile
 
@@ -133,7 +134,7 @@ def test_te_nvfp4_knob_by_knob_becomes_minite():
 
 def test_fused_weight_scale_shares_qkv_global_scale():
     """Under fused_weight_scale q/k/v quantize with the amax of q|k|v, as vLLM's fused QKV layer (and our export)."""
-    from minite_core.engines.export import shared_weight_amax
+    from minite_core.model.nvfp4_io import shared_weight_amax
     from minite_core.kernels import dispatch
 
     model, ids = _tiny_model()
@@ -196,7 +197,8 @@ def test_every_profile_runs_forward_and_learner_profiles_backward():
         set_profile(model, p)
         out = model(ids)
         assert out.isfinite().all(), name
-        if p.grad is not None or p.weight is None:
+        sampler_emulation = p.kernel_rounding != "rne"  # vLLM CPU kernels' truncating casts: inference only
+        if p.grad is not None or (p.weight is None and not sampler_emulation):
             out.logsumexp(-1).mean().backward()
             assert all(q.grad is not None and q.grad.isfinite().all() for q in model.parameters() if q.requires_grad), name
             model.zero_grad()

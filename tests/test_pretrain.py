@@ -11,10 +11,10 @@ import torch
 
 from minite_core.model import load_pretrained
 from minite_core.results import read_result
-from minite_core.rl import data as data_mod
-from minite_core.rl.checkpoint import config_from_json
+from minite_core.task import data as data_mod
+from minite_core.results import config_from_json
 from minite_core.rl.pretrain import PretrainConfig, pretrain, sft_batch
-from minite_core.rl.tokenizer import EOS_ID, load_tokenizer
+from minite_core.task.tokenizer import EOS_ID, load_tokenizer
 
 DATA = {"levels": ["add2"], "n_train_per_level": 128, "n_heldout_per_level": 8}
 # 32-wide, 1 layer: ~20 ms a step on one core; lr high so that 24 steps show a clear drop

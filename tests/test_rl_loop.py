@@ -17,12 +17,13 @@ import math
 import pytest
 import torch
 
-from minite_core.diagnostics.metrics import KEYS as MISMATCH_KEYS
+from minite_core.engines.mismatch import KEYS as MISMATCH_KEYS
+from minite_core.engines import Learner, Sampler
 from minite_core.model import load_pretrained
 from minite_core.results import read_result
-from minite_core.rl import data as data_mod
+from minite_core.task import data as data_mod
 from minite_core.rl import train as train_mod
-from minite_core.rl.checkpoint import StepLog
+from minite_core.runs.steplog import StepLog
 from minite_core.rl.pretrain import PretrainConfig, pretrain
 from minite_core.rl.train import TIMING_PREFIX, RLConfig, run_name, train
 
@@ -118,6 +119,42 @@ def test_resume_drops_rows_after_the_checkpoint(base, tmp_path):
     assert [r["step"] for r in again] == ["1", "2", "3"]
     drop = lambda rs: [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIX)} for r in rs]  # noqa: E731
     assert drop(again) == drop(rows)
+
+
+def test_routing_replay_loop_replays_the_sampler_routes(base, tmp_path, monkeypatch):
+    """An R3 learner (te-nvfp4-r3): every learner forward of a step (old log-probs and each update) gets the
+    sampler's recorded routes of its rows and executes exactly those expert sets."""
+    rollouts, scored = [], []
+    generate, score = Sampler.generate, Learner.score
+
+    def spy_generate(self, *args, **kw):
+        roll = generate(self, *args, **kw)
+        if roll.routes is not None:  # the step's rollout (greedy evaluations record nothing)
+            rollouts.append(roll)
+        return roll
+
+    def spy_score(self, *args, **kw):
+        sc = score(self, *args, **{**kw, "record_routes": True})
+        scored.append((kw.get("routes"), kw.get("grad", False), sc))
+        return sc
+
+    monkeypatch.setattr(Sampler, "generate", spy_generate)
+    monkeypatch.setattr(Learner, "score", spy_score)
+    train(pretrained=base / "pre" / "model", data_dir=base / "data", out=tmp_path / "r3", seed=5, progress=False,
+          cfg=dataclasses.replace(RL, steps=1), learner_profile="te-nvfp4-r3", sampler_profile="vllm-nvfp4",
+          correction=None)
+    (roll,) = rollouts
+    assert [grad for _, grad, _ in scored] == [False, False, True, True]  # old log-probs, then the two updates
+    n = len(roll.routes) // RL.mini_batches
+    own_choice_differs = False
+    for k, (given, _, sc) in enumerate(scored):
+        rows = slice((k % 2) * n, (k % 2 + 1) * n)
+        assert [id(x) for x in given] == [id(x) for x in roll.routes[rows]]  # this chunk's sampler routes
+        for executed, recorded, router in zip(sc.routes, given, sc.router_routes):
+            routed = (recorded[..., 0] >= 0).all(-1)
+            assert torch.equal(executed[routed], recorded[routed])
+            own_choice_differs |= bool((router.sort(-1).values != executed.sort(-1).values)[routed].any())
+    assert own_choice_differs  # the learner's router alone would have routed some tokens elsewhere
 
 
 def test_config_errors():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from minite_core.rl.task import (
+from minite_core.task.arithmetic import (
     LEVELS,
     PROMPT_MAX_CHARS,
     RESPONSE_MAX_CHARS,
@@ -18,12 +18,11 @@ from minite_core.rl.task import (
     make_example,
     make_splits,
     prompt_space_size,
-    read_jsonl,
     reward,
     solve,
-    write_jsonl,
 )
-from minite_core.rl.tokenizer import (
+from minite_core.task.jsonl import read_jsonl, write_jsonl
+from minite_core.task.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,

@@ -1,6 +1,6 @@
 """The Snakemake DAG: every experiment dry-runs, an invalid config fails naming the key, the Slurm profile
-dry-runs. (The smoke DAG itself runs end to end in .ci/run, twice: the second run must do nothing.)"""
-import shutil
+dry-runs, lint is clean. (The smoke DAG itself runs end to end in .ci/run, from a fresh clone as the README's main
+command, twice: the second run must do nothing.)"""
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +29,7 @@ def test_experiments_dry_run(experiment):
         ("experiment: bad\nrl: {steps: 0}\n", "steps"),
         ("experiment: bad\nquant_error: {cols: 100}\n", "cols"),
         ("experiment: bad\ndiagnostics: {pairs: [bf16]}\n", "pairs"),
+        ("experiment: bad\ndiagnostics: {budget: {'bf16:bf16': -1}}\n", "budget"),
         ("experiment: bad\nunknown_stage: {}\n", "unknown_stage"),
     ],
 )
@@ -40,14 +41,57 @@ def test_invalid_config_names_the_key(tmp_path, yaml_text, key):
     assert key in res.stderr + res.stdout
 
 
+_BASE = "experiment: bad\n"
+
+
+@pytest.mark.parametrize(
+    "yaml_text, line",
+    [  # each class of bad config that used to fail only when its job ran (or printed the whole schema)
+        ("rl: {runs: [{learner: bf16, sampler: nope}]}", "config: rl.runs[0].sampler: unknown profile 'nope'"),
+        ("rl: {runs: ['vllm-nvfp4:bf16']}", "config: rl.runs[0].learner: profile 'vllm-nvfp4' has no backward"),
+        ("diagnostics: {pairs: ['bf16:nope']}", "config: diagnostics.pairs[0]: unknown profile 'nope'"),
+        ("diagnostics: {attribution_base: 'nope:bf16'}", "config: diagnostics.attribution_base: unknown profile"),
+        ("throughput: {profiles: [bf16, nope]}", "config: throughput.profiles[1]: unknown profile 'nope'"),
+        ("eval: {profiles: [nope]}", "config: eval.profiles[0]: unknown profile 'nope'"),
+        ("eval: {runs: [nope__bf16__none]}", "config: eval.runs[0]: 'nope__bf16__none' is not a run of rl.runs"),
+        ("quant_error: {rows: 24}", "config: quant_error.rows: 24 is not a multiple of 16"),
+        ("rl: {mini_batches: 3}", "config: rl.mini_batches: 3 does not divide"),
+        ("pretrain: {num_attention_heads: 4, num_key_value_heads: 3}", "config: pretrain.num_key_value_heads: 3"),
+        ("pretrain: {num_experts: 2, num_experts_per_tok: 4}", "config: pretrain.num_experts_per_tok: 4 > "),
+        ("data: {n_train_per_level: 9000}", "config: data.n_train_per_level: level add2 has 8100"),
+        ("diagnostics: {num_prompts: 500}", "config: diagnostics.num_prompts: 500 > the 128 held-out"),
+        ("rl: {runs: ['bf16:bf16', {learner: bf16, sampler: bf16}]}", "config: rl.runs[1]: run bf16__bf16__none is"),
+        ("throughput: {config: nope.json}", "config: throughput.config: 'nope.json' is neither"),
+        ("rl_runs: []", "config: Additional properties are not allowed ('rl_runs' was unexpected)"),
+        ("rl: {stepz: 3}", "config: rl: Additional properties are not allowed ('stepz' was unexpected)"),
+        ("seed: -1", "config: seed: -1 is less than the minimum of 0"),
+    ],
+)
+def test_bad_config_is_one_line_at_parse_time(tmp_path, yaml_text, line):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_BASE + yaml_text + "\n")
+    res = _dry_run("--configfile", str(bad))
+    out = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode != 0
+    assert any(line in row for row in out), out[-5:]
+    assert len(out) <= 3, "a config error must not print the schema or a traceback:\n" + "\n".join(out[:20])
+
+
+def test_lint_is_clean():
+    res = subprocess.run([*SNAKEMAKE, "--lint"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "Congratulations" in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
+
+
 def test_slurm_profile_dry_run():
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="optional extra `slurm` not installed")
     res = _dry_run("--workflow-profile", "workflow/profiles/slurm", "--configfile", "experiments/h200.yaml")
     assert res.returncode == 0, res.stderr[-2000:]
 
 
-def test_ci_runs_the_dag_after_the_tests():
+def test_ci_runs_both_readme_commands():
+    """.ci/run extracts the README's main and test commands, runs each in a fresh clone, checks report.md and a
+    no-op second DAG run (bash -n: the script at least parses)."""
     ci = (ROOT / ".ci" / "run").read_text()
-    assert ci.index("test-command") < ci.index("snakemake --cores 2 --forceall")
-    assert "Nothing to be done" in ci
-    assert shutil.which("bash")
+    assert "readme_block main-command" in ci and "readme_block test-command" in ci
+    assert "results/smoke/report.md" in ci and "Nothing to be done" in ci and "git clone" in ci
+    assert subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")]).returncode == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from minite_core.cli import dispatch
+from minite_core.runs.cli import dispatch
 
 SUBCOMMANDS = {
     "kernels": ("minite_core.bench.kernels", "kernel micro-benchmarks vs their baselines (GPU)"),

@@ -51,6 +51,7 @@ from minite_core.model import PRESETS, CausalLM, set_profile
 from minite_core.nn import clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
+from minite_core.runs.cli import add_common_args, parse_with_config
 
 SCHEMA = "throughput/v1"
 GB = 1e9
@@ -91,6 +92,7 @@ class LearnerBenchConfig:
     lr: float = 1e-6  # small: weights (and so MoE routing) barely move across the timed steps
     tf32: bool = False  # torch default; True speeds fp32 GEMMs (miniTE's fp32 LM head) at TF32 precision
     cpu_threads: int | None = None  # CPU only: torch intra-op threads for the run (None = leave as is)
+    op_profile: bool = False  # one extra step per profile under torch.profiler: top kernels by GPU time
     seed: int = 0
     model_overrides: dict = field(default_factory=dict)  # any other ModelConfig field
 
@@ -170,11 +172,9 @@ def random_model(mcfg, dtype: torch.dtype, device: torch.device, seed: int):
 
 def _set_step_seed(model, step: int, seed: int = 0) -> None:
     """Stochastic-rounding seeds as the Learner sets them: module j gets derive_seed(run seed, step, j)."""
-    from minite_core.engines.learner import gemm_modules
-    from minite_core.engines.sampler import derive_seed
+    from minite_core.nn.walk import set_sr_seeds
 
-    for j, module in enumerate(gemm_modules(model)):
-        module.seed = derive_seed(seed, step, j)
+    set_sr_seeds(model, seed, step)
 
 
 def model_flops(mcfg, batch: int, seq: int) -> float:
@@ -289,6 +289,8 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
             iters = r + 1
             break
     log(f"{iters} timed rounds, {time.perf_counter() - t_start:.1f} s total")
+    op_tables = {name: _op_profile(model, opt, input_ids, labels, name, log) for name in cfg.profiles} \
+        if cfg.op_profile else {}
 
     stats = {name: Stats.of(samples[name]) for name in cfg.profiles}
     rows = []
@@ -327,7 +329,22 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
               "gemm_ceiling": f"cuBLAS bf16 torch.mm {CEILING_SHAPE}^3, median of {CEILING_REPS}, same run",
               "loss": "next-token cross-entropy, token mean"}
     return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
-            "targets": _check_targets(by_name, cuda), "paper": PAPER}
+            "targets": _check_targets(by_name, cuda), "paper": PAPER, **({"op_profile": op_tables} if op_tables else {})}
+
+
+def _op_profile(model, opt, input_ids, labels, name: str, log) -> list[dict]:
+    """One learner step of `name` under torch.profiler: the 25 kernels with the most device time (untimed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    set_profile(model, name)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        learner_step(model, opt, input_ids, labels)
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                    key=lambda e: -e.device_time_total)[:25]
+    rows = [{"op": e.key[:120], "calls": e.count, "device_ms": e.device_time_total / 1e3} for e in events]
+    log(f"top kernels, {name}: " + "; ".join(f"{r['op'][:60]} {r['device_ms']:.1f} ms x{r['calls']}" for r in rows[:12]))
+    return rows
 
 
 def _kernel_backend() -> str:
@@ -380,98 +397,6 @@ def write_csv(path, payload: dict) -> Path:
     return path
 
 
-def _fmt(v, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
-def throughput_table(res: dict | str | Path) -> str:
-    """Markdown for the report from a throughput/v1 JSON (dict or path): setup line, measured table, targets,
-    and the paper's B300 numbers in their own table."""
-    if not isinstance(res, dict):
-        res = json.loads(Path(res).read_text())
-    c, m = res["config"], res["config"]["model_config"]
-    lines = [
-        f"Measured on **{res['env'].get('gpu')}** (torch {res['env'].get('torch')}, commit "
-        f"`{res['env'].get('commit')}`, kernels: {c.get('kernel_backend')}). Model: {m['num_hidden_layers']} "
-        f"layers of hidden {m['hidden_size']}, {m['num_attention_heads']}/{m['num_key_value_heads']} heads × "
-        f"{m['head_dim']}, {m['num_experts']} experts top-{m['num_experts_per_tok']} × {m['moe_intermediate_size']}, "
-        f"vocab {m['vocab_size']:,} ({c['num_parameters'] / 1e9:.2f} B parameters, {c['param_dtype']} masters, "
-        f"{c['optimizer']}); batch {c['batch']} × {c['seq']} = {c['tokens_per_step']:,} tokens per update; "
-        f"median of {c['iters_run']} interleaved rounds after {c.get('warmup_run', c['warmup'])} warm-up rounds. "
-        + (f"MFU against the cuBLAS bf16 {CEILING_SHAPE}³ rate of this run, {c['gemm_ceiling_tflops']:.0f} TFLOP/s; "
-           f"{c['model_flops_per_step'] / 1e12:.1f} model TFLOP per update (formula in `bench/learner.py`)."
-           if c.get("gemm_ceiling_tflops") else ""),
-        "",
-        "| profile | tokens/s (median) | p20–p80 tokens/s | MFU | step ms | × BF16 | × TE-NVFP4 | peak mem GB "
-        "| saved act GB | saved act × BF16 (decoder layers) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in res["rows"]:
-        tps = f"{r['tokens_per_s']:,.0f} | {r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f}"
-        ratios = f"{_fmt(r['speedup_vs_bf16'], '.3f')} | {_fmt(r['speedup_vs_te_nvfp4'], '.3f')}"
-        act = (f"{r['saved_act_gb']:.3g} | {_fmt(r['saved_act_ratio_vs_bf16'], '.3f')} "
-               f"({_fmt(r.get('saved_act_decoder_ratio_vs_bf16'), '.3f')})")
-        mem = _fmt(r["peak_mem_gb"], ".1f")
-        lines.append(f"| {r['profile']} | {tps} | {_fmt(r.get('mfu'), '.3f')} | {r['step_ms']:.1f} | {ratios} | {mem} "
-                     f"| {act} |")
-    t = res.get("targets", {})
-    if "met" in t:
-        marks = ["—" if ok is None else ("met" if ok else "**missed**") for ok in t["met"]]
-        scope = "" if t.get("applicable") else " (CPU smoke run: targets apply to the H200 run only)"
-        mfu = ("—" if t.get("bf16_mfu") is None else
-               f"{t['bf16_mfu']:.3f}, {'met' if t['bf16_mfu_met'] else '**missed**'}")
-        lines += ["", f"Targets{scope}: BF16 MFU ≥ {t['bf16_mfu_min']:.2f} ({mfu}); "
-                      f"miniTE ≥ {t['minite_vs_bf16_min']:.2f}× BF16 tokens/s "
-                      f"({_fmt(t.get('minite_vs_bf16'), '.3f')}×, {marks[0]}); "
-                      f"≥ {t['minite_vs_te_nvfp4_min']:.2f}× TE-NVFP4 "
-                      f"({_fmt(t.get('minite_vs_te_nvfp4'), '.3f')}×, {marks[1]}); "
-                      f"saved activations ≤ {t['minite_saved_act_ratio_max']:.2f}× BF16 "
-                      f"({_fmt(t.get('minite_saved_act_ratio'), '.3f')}×, {marks[2]})."]
-    p = res["paper"]
-    lines += ["", f"The paper's numbers ({p['hardware']}, {p['model']}; not measured here):", "",
-              "| source | miniTE tokens/s | × BF16 | × TE-NVFP4 |", "|---|---:|---:|---:|",
-              f"| {p['source']} | {p['minite_tokens_per_s']:,} | {p['speedup_vs_bf16']:.2f} | "
-              f"{p['speedup_vs_te_nvfp4']:.2f} |"]
-    return "\n".join(lines) + "\n"
-
-
-REPORT_NOTE = """\
-What this measures: tokens/s of a complete learner update (forward, loss, backward, AdamW step, zero_grad) for
-BF16, TE's NVFP4 recipe (`te-nvfp4`: 2D 16×16 weights, RHT on the wgrad operands, stochastic rounding) and
-miniTE (`minite`: 1×16 weights, per-token activation scales, SR gradients, no RHT, fp32 router / LM head), on one
-model, one batch, in one process, the profiles interleaved round-robin so drift hits them alike. Every ratio
-comes from this one run; the paper's B300 numbers are quoted separately and never mixed with ours.
-
-Why the H200 cannot show the paper's headline: the paper's 1.39× over BF16 comes from Blackwell's FP4 tensor
-cores, which run an NVFP4 GEMM at 2–4× the bf16 rate. Hopper (sm_90) has none: `torch._scaled_mm` on
-`float4_e2m1fn_x2` is not supported there, so an *exact* NVFP4 GEMM dequantizes e2m1 × e4m3 to bf16 (exactly
-representable) and runs on the bf16 tensor cores — the same GEMM time as BF16 plus the quantize passes. Beating
-BF16 on an H200 is therefore not expected; the H200 target is to lose at most 10% (miniTE ≥ 0.90× BF16).
-
-What the H200 *can* show is the work miniTE's recipe removes relative to TE's, which is overhead on any GPU:
-fewer quantize passes (one fused pass emits the row-wise x for the forward GEMM and the column-wise xᵀ kept for
-wgrad; TE's recipe first rotates both wgrad operands, xᵀ and dyᵀ, with a random Hadamard transform — an extra
-read-transform-write of each), no RHT, 2D tiling or stochastic rounding in the forward, fused quantize+GEMM
-kernels, and packed saved activations (the NVFP4 xᵀ, ≈4.5 bits per element, instead of the bf16 x). TE's NVFP4
-needs sm_100+, so `te-nvfp4` here is TE's *recipe* executed by this harness's kernels: the ratio measures the
-recipe's extra work, not TE's software. Targets, same run: miniTE ≥ 1.25× TE-NVFP4 tokens/s, and miniTE's
-saved-activation bytes ≤ 0.40× BF16.
-
-Saved activations count the unique storages autograd keeps for backward during one `model(ids)` forward,
-excluding parameters and view/cast copies of parameters (e.g. `weight.to(bf16)`); the loss's log-softmax is
-excluded (identical for every profile). Packing shrinks only the GEMM inputs; norms, SwiGLU, the MoE combine and
-attention save the rest, which is why the decoder-layer ratio is shown beside the total.
-"""
-
-
-def throughput_section(res: dict | str | Path | None) -> str:
-    """The report's section: heading, REPORT_NOTE, and throughput_table (or `_not run_`)."""
-    head = "## Learner-update throughput: BF16 vs TE-NVFP4 vs miniTE\n\n"
-    if res is None or (not isinstance(res, dict) and not Path(res).exists()):
-        return head + "_not run_\n"
-    return head + REPORT_NOTE + "\n" + throughput_table(res)
-
-
 # ---- CLI --------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="minite bench learner", description=__doc__.splitlines()[0])
@@ -486,27 +411,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int)
     ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock cap for the whole bench")
     ap.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    ap.add_argument("--experiment", default="adhoc")
+    ap.add_argument("--op-profile", action="store_true", default=None, dest="op_profile",
+                    help="one extra step per profile under torch.profiler (top kernels by GPU time)")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
     ap.add_argument("--csv", default=None, help="also write a long-format CSV")
-    ap.add_argument("--markdown", default=None, help="also write throughput_table() markdown")
-    args = ap.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    add_common_args(ap, config_help="the experiment's `throughput:` section as JSON (keys = the flags above)")
+    args = parse_with_config(ap, argv)
+    device = torch.device(args.device)
     profiles = tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None
     cfg = resolve_config(args.config, device, profiles=profiles, batch=args.batch, seq=args.seq, layers=args.layers,
                          vocab_size=args.vocab_size, warmup=args.warmup, iters=args.iters, budget_s=args.budget_s,
-                         tf32=args.tf32, seed=args.seed)
+                         tf32=args.tf32, seed=args.seed, op_profile=args.op_profile)
     print(f"learner bench: config {cfg.name} on {device}: {cfg}", flush=True)
     payload = run(cfg, device, log=lambda s: print(s, flush=True))
     payload["experiment"] = args.experiment
     write_json(args.out, payload)
     if args.csv:
         write_csv(args.csv, payload)
-    table = throughput_table(payload)
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(table)
-    print(table, flush=True)
+    for row in payload["rows"]:
+        print(f"{row['profile']}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_ms']:.1f} ms", flush=True)
     return 0

@@ -16,6 +16,8 @@ import torch
 from minite_core.formats.nvfp4 import dequantize, quantize
 from minite_core.formats.rht import rht
 from minite_core.results import write_result
+from minite_core.runs.cli import add_common_args, parse_with_config
+from minite_core.seeds import survey_sr_seed
 
 DISTRIBUTIONS = ("gaussian", "student_t3")
 
@@ -42,7 +44,7 @@ def survey(rows: int = 512, cols: int = 512, seed: int = 0) -> list[dict]:
     for dist, (block, scale_mode, math, rounding, use_rht) in itertools.product(DISTRIBUTIONS, list(variants)):
         x = make_data(dist, rows, cols, seed)
         x = rht(x) if use_rht else x
-        gen = torch.Generator().manual_seed(seed + 1) if rounding == "sr" else None
+        gen = torch.Generator().manual_seed(survey_sr_seed(seed)) if rounding == "sr" else None
         t = quantize(x, block=block, scale_mode=scale_mode, math=math, rounding=rounding, generator=gen)
         out.append({
             "dist": dist, "block": f"{block[0]}x{block[1]}", "scale_mode": scale_mode, "math": math,
@@ -51,34 +53,18 @@ def survey(rows: int = 512, cols: int = 512, seed: int = 0) -> list[dict]:
     return out
 
 
-def to_markdown(rows: list[dict]) -> str:
-    """One line per variant, one column per distribution."""
-    by_variant: dict[tuple, dict] = {}
-    for r in rows:
-        key = (r["block"], r["scale_mode"], r["math"], r["rounding"], "yes" if r["rht"] else "no")
-        by_variant.setdefault(key, {})[r["dist"]] = r["sqnr_db"]
-    header = "| block | global scale | math | rounding | RHT | " + " | ".join(f"SQNR {d} (dB)" for d in DISTRIBUTIONS) + " |"
-    lines = [header, "|" + "---|" * (5 + len(DISTRIBUTIONS))]
-    for key, vals in by_variant.items():
-        lines.append("| " + " | ".join(key) + " | " + " | ".join(f"{vals[d]:.2f}" for d in DISTRIBUTIONS) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="minite quant-error", description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--cols", type=int, default=512, help="multiple of 16")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--experiment", default="adhoc")
     ap.add_argument("--out", required=True, help="JSON per the results contract")
-    ap.add_argument("--markdown", help="also write the table as markdown here")
-    args = ap.parse_args(argv)
+    add_common_args(ap, config_help="the experiment's `quant_error:` section as JSON (keys = the flags above)")
+    args = parse_with_config(ap, argv)
+    if args.rows < 1 or args.cols < 16 or args.cols % 16:
+        ap.error(f"--rows must be >= 1 and --cols a positive multiple of 16, got {args.rows} x {args.cols}")
     rows = survey(args.rows, args.cols, args.seed)
     metrics = {f"sqnr_db/{r['dist']}/{r['block']}/{r['scale_mode']}/{r['math']}/{r['rounding']}/rht={int(r['rht'])}": r["sqnr_db"] for r in rows}
     write_result(args.out, stage="quant_error", experiment=args.experiment,
                  config={"rows": args.rows, "cols": args.cols, "seed": args.seed}, metrics=metrics, rows=rows)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(to_markdown(rows))
-    print(to_markdown(rows))
+    print(f"quant-error: {len(rows)} variants -> {args.out}")
     return 0

@@ -16,16 +16,14 @@ Shapes: "rl" = the RL model of experiments/h200.yaml (hidden 256, 4 layers, 8/2 
 batch <= 16. CPU ("tiny"): the same code on tiny models. Static-scale profiles are calibrated on random tokens.
 
 Output: `throughput/v1` JSON, rows {profile, shape, batch, engine, tokens_per_s, speedup_vs_bf16, ...},
-`reference` rows, `targets` (issue 17's, checked on CUDA only).
+`reference` rows, `targets` (issue 17's, checked on CUDA only); the report's table is report/tables.sampler_table.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -34,9 +32,10 @@ from minite_core.bench.timing import Stats, Timer
 from minite_core.engines import FastSampler, Sampler
 from minite_core.engines.fast_sampler import GraphCaptureError
 from minite_core.model import CausalLM, ModelConfig, set_profile
-from minite_core.nn import calibrate
+from minite_core.model.calibrate import calibrate
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
+from minite_core.runs.cli import add_common_args, parse_with_config
 
 SCHEMA = "throughput/v1"
 NVFP4 = ("vllm-nvfp4", "vllm-marlin-w4a16", "minite")
@@ -243,57 +242,6 @@ def check_targets(rows: list[dict], cuda: bool) -> dict:
             "note": "targets are for the H200 run; a CPU run only checks the code"}
 
 
-# ---- report -----------------------------------------------------------------------------------------------
-def _f(v, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
-def sampler_table(res: dict) -> str:
-    """Markdown from a sampler throughput/v1 payload: rows, the reference "before" numbers, the targets."""
-    c = res["config"]
-    lines = [f"Measured on **{res['env'].get('gpu')}** (torch {res['env'].get('torch')}, commit "
-             f"`{res['env'].get('commit')}`): {c['prompt_len']}-token random prompts, {c['new_tokens']} new tokens "
-             f"per row (no stop token), median of {c['reps']} timed decodes after a warm-up.", "",
-             "| shape | batch | profile | engine | decode tokens/s | p20–p80 | step ms | × BF16 | generate tokens/s |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        note = r.get("error") or r.get("skipped")
-        if r.get("tokens_per_s") is None:
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['profile']} | {r.get('engine') or '—'} | "
-                         f"— ({note}) | | | | |")
-            continue
-        lines.append(f"| {r['shape']} | {r['batch']} | {r['profile']} | {r['engine']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f} | {r['step_ms']:.3f} | "
-                     f"{_f(r['speedup_vs_bf16'], '.2f')} | {r['generate_tokens_per_s']:,.0f} |")
-    if res.get("reference"):
-        lines += ["", "Before: the reference sampler (per-row host syncs, no graph), RL shape, whole generate():", "",
-                  "| profile | batch | reference tokens/s | fast generate × reference |", "|---|---:|---:|---:|"]
-        for r in res["reference"]:
-            lines.append(f"| {r['profile']} | {r['batch']} | {_f(r['tokens_per_s'], ',.0f')} | "
-                         f"{_f(r.get('fast_speedup_vs_reference'), ',.1f')} |")
-    t = res.get("targets", {})
-    if t.get("checks"):
-        scope = "" if t.get("applicable") else " (CPU run: the targets apply to the H200 run only)"
-        lines += ["", f"Targets{scope}:", ""]
-        for ch in t["checks"]:
-            mark = "—" if ch["met"] is None else ("met" if ch["met"] else "**missed**")
-            lines.append(f"- {ch['target']}: {_f(ch['value'], ',.2f')} ({mark})")
-    return "\n".join(lines) + "\n"
-
-
-def sampler_section(res: dict | str | Path | None) -> str:
-    """The report's section (reads only the JSON), `_not run_` without it."""
-    head = "## Sampler throughput: decode tokens/s per profile × shape × batch\n\n"
-    if res is None or (not isinstance(res, dict) and not Path(res).exists()):
-        return head + "_not run_\n"
-    if not isinstance(res, dict):
-        res = json.loads(Path(res).read_text())
-    return (head + "The fast sampler (static KV cache, sampling on the device, one CUDA graph per batch bucket; "
-            "engines/fast_sampler.py) against the bf16 profile in the same run; `rl` is the RL model, "
-            "`weight-bound` a dense 4096-wide model whose decode reads every weight per token.\n\n"
-            + sampler_table(res))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="minite bench sampler", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="tiny | h200 (default: h200 on CUDA, tiny on CPU)")
@@ -301,14 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=None, help="comma list of rl, weight-bound")
     ap.add_argument("--new-tokens", type=int, dest="new_tokens")
     ap.add_argument("--reps", type=int)
-    ap.add_argument("--budget-s", type=float, dest="budget_s")
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    ap.add_argument("--experiment", default="adhoc")
+    ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock budget (rows left are skipped)")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
-    ap.add_argument("--markdown", default=None, help="also write sampler_table() markdown")
-    args = ap.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    add_common_args(ap, config_help="the experiment's `sampler_bench:` section as JSON (keys = the flags above)")
+    args = parse_with_config(ap, argv)
+    device = torch.device(args.device)
     name = args.config or ("h200" if device.type == "cuda" else "tiny")
     if name not in CONFIGS:
         ap.error(f"--config {name!r}: one of {', '.join(CONFIGS)}")
@@ -327,9 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = run(cfg, device, log=lambda s: print(s, flush=True))
     payload["experiment"] = args.experiment
     write_json(args.out, payload)
-    table = sampler_table(payload)
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(table)
-    print(table, flush=True)
+    for r in payload["rows"]:
+        tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        print(f"{r['shape']} batch {r['batch']} {r['profile']} ({r.get('engine')}): {tps} tokens/s", flush=True)
     return 0

@@ -1,21 +1,26 @@
 """`minite diagnose`: measure the learner↔sampler execution gap of profile pairs on one checkpoint.
 
 For each pair "learner:sampler": the sampler generates responses to the prompts (KV-cache decode, processed
-log-probs, its argmax per step), the learner rescores the same tokens (full-sequence forward), and the mismatch
-metrics (diagnostics.metrics) are computed overall and per response-position bucket. `--trace` adds the
-first-divergence trace of each pair, prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace);
-`--attribution` the one-knob attribution from the naive pair (diagnostics.attribution). Output: one JSON per the
-results contract (stage "diagnostics"), figures optional (diagnostics.figures).
+log-probs and their full rows, its argmax per step, the experts each MoE layer executed), the learner rescores the
+same tokens (full-sequence forward, recording its own routing, replaying the sampler's under R3), and the mismatch
+metrics (engines.mismatch: k1/k3/..., max |Δ|, full-vocabulary KL, routing agreement per MoE layer) are
+computed overall and per response-position bucket. `--trace` adds the first-divergence trace of each pair,
+prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace); `--attribution` the one-knob attribution
+from the naive pair (diagnostics.attribution); `--k3-budget` the mismatch gate (diagnostics.gate: exit 1 with one
+line per pair over budget). Output: one JSON per the results contract (stage "diagnostics"), figures optional
+(diagnostics.figures).
 
 Prompts: `--prompts` task JSONL (field "prompt", encoded with the checkpoint's tokenizer, which must be in the
 checkpoint dir) or random token prompts from the seed. Static activation scales (vllm-nvfp4) are calibrated on
-data that is NOT measured: `--calib` JSONL (prompt + response text) or random token sequences from a different
-seed stream; a checkpoint that already carries calibrated `input_amax` for every GEMM keeps them unless --calib
-is given. Every random draw derives from (--seed, stream, index).
+data that is NOT measured: `--calib` JSONL (`--num-calib` examples chosen by --seed, through the calibration path
+every stage shares: engines.calibration) or random token sequences from a different seed stream; a checkpoint
+that already carries calibrated `input_amax` for every GEMM keeps them unless --calib is given. Every random draw
+derives from (--seed, stream, index) (seeds.py).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,21 +28,32 @@ from pathlib import Path
 import torch
 
 from minite_core.diagnostics import attribution as attr
-from minite_core.diagnostics.metrics import mismatch_by_position, mismatch_metrics
+from minite_core.diagnostics.gate import check_budgets, parse_budgets, violation_line
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
-from minite_core.engines import Learner, derive_seed, gemm_modules, make_sampler
+from minite_core.engines import Learner, make_sampler
+from minite_core.engines.calibration import calibrate_on_examples, calibrate_on_sequences
+from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics, routing_agreement
 from minite_core.model import load_pretrained
+from minite_core.nn import is_calibrated
+from minite_core.model.routing import moe_layers
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
-from minite_core.rl.tokenizer import BOS_ID, EOS_ID
+from minite_core.runs.cli import add_common_args, parse_with_config
+from minite_core.seeds import tagged
+from minite_core.task.jsonl import read_jsonl
+from minite_core.task.data import calibration_examples
+from minite_core.task.tokenizer import BOS_ID, EOS_ID
 
 DEFAULT_PAIRS = "bf16:bf16,te-nvfp4:vllm-nvfp4,te-nvfp4:vllm-marlin-w4a16,minite:minite"
-PROMPT_STREAM, CALIB_STREAM = 1, 2  # seed streams: measured prompts and calibration data never share draws
-NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (rl.tokenizer); random prompts avoid them
+NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (task.tokenizer); random prompts avoid them
 
 
 def _log(msg: str) -> None:
     print(f"[diagnose {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.3e}"
 
 
 def parse_pairs(spec: str) -> list[tuple[str, str]]:
@@ -55,86 +71,105 @@ def parse_pairs(spec: str) -> list[tuple[str, str]]:
 
 
 def random_prompts(n: int, vocab: int, seed: int, *, min_len: int = 4, max_len: int = 12) -> list[list[int]]:
-    """<bos> + random non-special tokens, prompt i from derive_seed(seed, PROMPT_STREAM, i)."""
+    """<bos> + random non-special tokens, prompt i from seeds.tagged(seed, "diag_prompts", i)."""
     out = []
     for i in range(n):
-        g = torch.Generator().manual_seed(derive_seed(seed, PROMPT_STREAM, i))
+        g = torch.Generator().manual_seed(tagged(seed, "diag_prompts", i))
         length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
         out.append([BOS_ID] + torch.randint(NUM_SPECIAL, vocab, (length - 1,), generator=g).tolist())
     return out
 
 
-def random_calibration(n: int, length: int, vocab: int, seed: int, batch: int = 8) -> list[torch.Tensor]:
-    """Random token batches (B, length) from the calibration seed stream (disjoint from the prompts' stream)."""
-    g = torch.Generator().manual_seed(derive_seed(seed, CALIB_STREAM))
+def random_calibration(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """n random token sequences of `length` (<bos> first) from the calibration seed stream (not the prompts')."""
+    g = torch.Generator().manual_seed(tagged(seed, "diag_calib"))
     ids = torch.randint(NUM_SPECIAL, vocab, (n, length), generator=g)
     ids[:, 0] = BOS_ID
-    return list(ids.split(batch))
+    return ids.tolist()
 
 
 def jsonl_prompts(path, tokenizer, n: int) -> list[list[int]]:
-    from minite_core.rl.task import read_jsonl
     rows = read_jsonl(path)[:n]
     if len(rows) < n:
         raise ValueError(f"{path}: asked for {n} prompts, file has {len(rows)}")
     return [tokenizer(r["prompt"])["input_ids"] for r in rows]
 
 
-def jsonl_calibration(path, tokenizer, n: int, batch: int = 8) -> list[dict]:
-    """Prompt + response text of the first n rows, as right-padded batches with attention masks."""
-    from minite_core.rl.task import read_jsonl
-    rows = read_jsonl(path)[:n]
-    if not rows:
-        raise ValueError(f"{path}: no calibration rows")
-    out = []
-    for s in range(0, len(rows), batch):
-        enc = tokenizer([r["prompt"] + r.get("response", "") for r in rows[s:s + batch]], padding=True,
-                        return_tensors="pt")
-        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    return out
-
-
-def _check_disjoint(calib_path, n: int, prompts: list[list[int]], tokenizer) -> None:
+def _check_disjoint(calib_path, rows: list[dict], prompts: list[list[int]], tokenizer) -> None:
     """Static scales fitted on the measured prompts would flatter the static sampler: refuse any overlap."""
-    from minite_core.rl.task import read_jsonl
     measured = {tuple(p) for p in prompts}
-    shared = [r["prompt"] for r in read_jsonl(calib_path)[:n] if tuple(tokenizer(r["prompt"])["input_ids"]) in measured]
+    shared = [r["prompt"] for r in rows if tuple(tokenizer(r["prompt"])["input_ids"]) in measured]
     if shared:
         raise ValueError(f"--calib {calib_path} shares {len(shared)} prompts with the measured ones "
                          f"(e.g. {shared[0]!r}); calibrate on held-out data")
 
 
-def calibrate_model(model, batches) -> dict[str, float]:
-    from minite_core.nn import calibrate
-    device = model.lm_head.weight.device
-    moved = [{k: v.to(device) for k, v in b.items()} if isinstance(b, dict) else b.to(device) for b in batches]
-    return calibrate(model, moved)
-
-
-def is_calibrated(model) -> bool:
-    mods = [m for m in gemm_modules(model) if getattr(m, "role", "linear") == "linear"]
-    return bool(mods) and all(m.input_amax is not None for m in mods)
+def calibrate_for_diagnose(model, args, prompts, tokenizer, vocab: int) -> str:
+    """Static scales for the measured profiles: the checkpoint's unless --calib is given or it has none; --calib
+    examples go through the path every stage shares (engines.calibration); else random token sequences."""
+    if is_calibrated(model) and not args.calib:
+        return "checkpoint"
+    if args.calib:
+        rows = read_jsonl(args.calib)
+        _check_disjoint(args.calib, calibration_examples(rows, args.num_calib, args.seed), prompts, tokenizer)
+        info = calibrate_on_examples(model, tokenizer, rows, n=args.num_calib, seed=args.seed)
+        src = f"{args.calib} ({info['examples']} examples, seed {args.seed})"
+    else:
+        length = max(map(len, prompts)) + args.max_new_tokens
+        calibrate_on_sequences(model, random_calibration(args.num_calib, length, vocab, args.seed))
+        src = f"random(seed={args.seed}, stream=diag_calib, n={args.num_calib}, len={length})"
+    _log(f"calibrated static activation scales on {src}")
+    return src
 
 
 def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts, *, max_new_tokens: int,
                  temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None):
-    """Sample with `sampler`, rescore with `learner` -> (metrics, by_position rows, rollout)."""
+    """Sample with `sampler` (recording its routing and its processed log-prob rows), rescore with `learner`
+    (replaying that routing when its profile says so) -> (metrics, by_position rows, rollout)."""
     learner, sampler = get_profile(learner), get_profile(sampler)
-    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                               top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size)
-    lp_l, ent, mask, amax_l = Learner(model, learner, seed=seed, batch_size=batch_size).logprobs(
+    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens,
+                                                    temperature=temperature, top_p=top_p, stop_ids=stop_ids,
+                                                    seed=seed, batch_size=batch_size, record_routes=True,
+                                                    keep_logprob_rows=True)
+    sc = Learner(model, learner, seed=seed, batch_size=batch_size).score(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
-        with_argmax=True)
-    s = rollout.padded(device=lp_l.device)
-    kw = dict(argmax_learner=amax_l, argmax_sampler=s["argmax_ids"])
-    metrics = mismatch_metrics(lp_l, s["logprobs"], mask, **kw)
+        with_argmax=True, routes=rollout.routes, record_routes=True, sampler_rows=rollout.logprob_rows)
+    rollout.logprob_rows = None  # (tokens, V): free them now, the KL is computed
+    s = rollout.padded(device=sc.logp.device)
+    if not bool(torch.isfinite(sc.logp[sc.mask]).all() & torch.isfinite(s["logprobs"][sc.mask]).all()):  # one sync
+        raise ValueError(f"diagnose {learner.name}:{sampler.name}: non-finite log-probs (learner or sampler logits "
+                         "hold inf/NaN): the checkpoint's weights or the profile's scales overflow")
+    kw = dict(argmax_learner=sc.argmax, argmax_sampler=s["argmax_ids"], kl=sc.kl_full_vocab)
+    metrics = mismatch_metrics(sc.logp, s["logprobs"], sc.mask, **kw)
+    layers = moe_layers(model)
+    metrics.update(routing_agreement(sc.routes, rollout.routes, layers))
+    if metrics["routing/applies"]:
+        metrics["routing/replayed"] = learner.routing_replay
+        if learner.routing_replay:  # executed routes agree by construction; what the router itself would pick:
+            metrics["routing/router_topk_disagree"] = routing_agreement(sc.router_routes, rollout.routes,
+                                                                        layers)["routing/topk_disagree"]
     lengths = [len(r) for r in rollout.response_ids]
     metrics.update({
         "rollout/response_len_mean": sum(lengths) / max(len(lengths), 1),
         "rollout/finished_frac": sum(rollout.finished) / max(len(rollout), 1),
-        "learner/entropy_mean": float(ent[mask].mean()) if mask.any() else float("nan"),
+        "learner/entropy_mean": float(sc.entropy[sc.mask].mean()) if sc.mask.any() else float("nan"),
     })
-    return metrics, mismatch_by_position(lp_l, s["logprobs"], mask, **kw), rollout
+    return metrics, mismatch_by_position(sc.logp, s["logprobs"], sc.mask, **kw), rollout
+
+
+def _trace(model, key, learner, sampler, rollout, n, threshold, modes=("prefill", "decode")) -> list[dict]:
+    """First-divergence traces of one measured pair on its first n rollout rows (the learner side replays the
+    sampler's routes when its profile does)."""
+    out = []
+    for mode in modes:
+        t = trace_pair(model, learner, sampler, rollout.prompt_ids[:n], rollout.response_ids[:n], sut_mode=mode,
+                       threshold=threshold, routes=rollout.routes[:n] if rollout.routes is not None else None)
+        t["pair"] = key
+        out.append(t)
+        first = t["first_divergence"]
+        _log(f"trace {key} [{mode}]: first divergence "
+             f"{first['op'] + ' rel=%.2e' % first['rel_err'] if first else 'none'}")
+    return out
 
 
 def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -142,32 +177,33 @@ def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float =
              trace_sequences: int | None = None,
              trace_threshold: float = TRACE_THRESHOLD, attribution: bool = False,
              attribution_base=("te-nvfp4", "vllm-nvfp4"), attribution_target: str = "minite",
-             attribution_cumulative: bool = False) -> dict:
+             attribution_cumulative: bool = False, budgets: dict[str, float] | None = None) -> dict:
     """The whole measurement on a loaded (and, if needed, calibrated) model -> {"metrics", "by_position",
-    "trace", "attribution"} (the last two None unless asked for)."""
+    "trace", "attribution", "budget"} (trace / attribution None unless asked for, budget None without budgets;
+    a budgeted pair over its budget that was not traced gets its decode trace, to name the first op)."""
     opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
                 batch_size=batch_size)
+    budgets = budgets or {}
     cache: dict = {}  # forward_key pair -> metrics, shared with the attribution
-    metrics, by_position, traces = {}, {}, [] if trace else None
+    metrics, by_position, traces, gate_traces = {}, {}, [] if trace else None, []
     for learner, sampler in pairs:
         key = f"{learner}:{sampler}"
         t0 = time.perf_counter()
         m, rows, rollout = measure_pair(model, learner, sampler, prompts, **opts)
         metrics[key], by_position[key] = m, rows
         cache[(attr.forward_key(get_profile(learner)), attr.forward_key(get_profile(sampler)))] = m
-        _log(f"{key}: k3={m['mismatch/k3']:.3e} k1={m['mismatch/k1']:.3e} flip={m['mismatch/argmax_flip']:.3f} "
-             f"tokens={m['mismatch/tokens']} ({time.perf_counter() - t0:.1f}s)")
+        _log(f"{key}: k3={m['mismatch/k3']:.3e} k1={m['mismatch/k1']:.3e} "
+             f"kl_full_vocab={m['mismatch/kl_full_vocab']:.3e} flip={m['mismatch/argmax_flip']:.3f} "
+             f"routing_disagree={_num(m['routing/topk_disagree'])} tokens={m['mismatch/tokens']} "
+             f"({time.perf_counter() - t0:.1f}s)")
+        n = trace_sequences or len(rollout)  # default: the measured batch itself (same per-tensor scales)
         if trace:
-            n = trace_sequences or len(rollout)  # default: the measured batch itself (same per-tensor scales)
-            for mode in ("prefill", "decode"):
-                t = trace_pair(model, learner, sampler, rollout.prompt_ids[:n], rollout.response_ids[:n],
-                               sut_mode=mode, threshold=trace_threshold)
-                t["pair"] = key
-                traces.append(t)
-                first = t["first_divergence"]
-                _log(f"trace {key} [{mode}]: first divergence "
-                     f"{first['op'] + ' rel=%.2e' % first['rel_err'] if first else 'none'}")
-    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None}
+            traces += _trace(model, key, learner, sampler, rollout, n, trace_threshold)
+        elif key in budgets and not m["mismatch/k3"] <= budgets[key]:
+            gate_traces += _trace(model, key, learner, sampler, rollout, n, trace_threshold, modes=("decode",))
+    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None, "budget": None}
+    if budgets:
+        result["budget"] = check_budgets(metrics, budgets, (traces or []) + gate_traces)
     if attribution:
         def measure(lp, sp):
             t0 = time.perf_counter()
@@ -190,7 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=None, help="rows per sampler/learner batch (default: all)")
     p.add_argument("--prompts", default=None, help="task JSONL (field 'prompt'); default: random token prompts")
     p.add_argument("--calib", default=None, help="calibration JSONL (prompt + response), disjoint from --prompts")
@@ -203,23 +238,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attribution-target", default="minite")
     p.add_argument("--attribution-cumulative", action="store_true",
                    help="also switch the knobs one after another (interactions)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--k3-budget", action="append", default=[], metavar="[PAIR=]X",
+                   help="mismatch budget: fail (exit 1) when a pair's k3 exceeds X; X alone = every pair, "
+                        "learner:sampler=X = that pair (repeatable; a pair's own value wins)")
+    p.add_argument("--budget-json", default="{}", help='config form of the budget: {"learner:sampler": k3, ...}')
     p.add_argument("--out", required=True, help="result JSON (results contract, stage 'diagnostics')")
     p.add_argument("--figures", default=None, help="directory for PNG figures")
-    p.add_argument("--experiment", default="adhoc")
+    add_common_args(p, config_help="the experiment's `diagnostics:` section as JSON (keys = the flags above)")
     return p
 
 
+def _check_args(p: argparse.ArgumentParser, args) -> None:
+    for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--num-calib", args.num_calib, 1), ("--batch-size", args.batch_size or 1, 1)):
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error(f"need --temperature >= 0 and 0 < --top-p <= 1, got {args.temperature}, {args.top_p}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = parse_with_config(p, argv)
+    _check_args(p, args)
     pairs = parse_pairs(args.pairs or f"{args.learner}:{args.sampler}")
+    try:
+        budget_cfg = [f"{pair}={value}" for pair, value in json.loads(args.budget_json).items()]
+        budgets = parse_budgets(budget_cfg + args.k3_budget, [f"{l}:{s}" for l, s in pairs])
+    except (ValueError, AttributeError) as e:
+        p.error(f"--k3-budget / budget: {e}")
+    try:
+        budgets = parse_budgets(args.k3_budget, [f"{l}:{s}" for l, s in pairs])
+    except ValueError as e:
+        parser.error(str(e))
     base = parse_pairs(args.attribution_base)[0]
     ckpt = Path(args.checkpoint)
     model = load_pretrained(ckpt, dtype=torch.float32, device=args.device).eval()
     vocab = model.config.vocab_size
     tokenizer = None
     if (ckpt / "tokenizer.json").exists():
-        from minite_core.rl.tokenizer import load_tokenizer
+        from minite_core.task.tokenizer import load_tokenizer
         tokenizer = load_tokenizer(ckpt)
     if (args.prompts or args.calib) and tokenizer is None:
         raise FileNotFoundError(f"--prompts/--calib are text: {ckpt} has no tokenizer.json to encode them with")
@@ -234,41 +292,33 @@ def main(argv: list[str] | None = None) -> int:
         profiles |= {get_profile(n) for n in base}
     calib_src = None
     if any(p.needs_calibration for p in profiles):
-        if args.calib or not is_calibrated(model):
-            if args.calib:
-                _check_disjoint(args.calib, args.num_calib, prompts, tokenizer)
-                batches, calib_src = jsonl_calibration(args.calib, tokenizer, args.num_calib), str(args.calib)
-            else:
-                length = max(map(len, prompts)) + args.max_new_tokens
-                batches = random_calibration(args.num_calib, length, vocab, args.seed)
-                calib_src = f"random(seed={args.seed}, stream={CALIB_STREAM}, n={args.num_calib}, len={length})"
-            calibrate_model(model, batches)
-            _log(f"calibrated static activation scales on {calib_src}")
-        else:
-            calib_src = "checkpoint"
+        calib_src = calibrate_for_diagnose(model, args, prompts, tokenizer, vocab)
 
     result = diagnose(model, pairs, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, seed=args.seed, stop_ids=(eos,), batch_size=args.batch_size,
                       trace=args.trace, trace_sequences=args.trace_sequences, trace_threshold=args.trace_threshold,
                       attribution=args.attribution, attribution_base=base,
                       attribution_target=args.attribution_target,
-                      attribution_cumulative=args.attribution_cumulative)
+                      attribution_cumulative=args.attribution_cumulative, budgets=budgets)
     config = {"checkpoint": str(ckpt), "pairs": [f"{l}:{s}" for l, s in pairs], "num_prompts": args.num_prompts,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
               "seed": args.seed, "prompts": prompt_src, "calibration": calib_src, "device": args.device,
               "trace": args.trace, "attribution": args.attribution,
               "attribution_base": f"{base[0]}:{base[1]}" if args.attribution else None,
-              "attribution_cumulative": args.attribution_cumulative}
+              "attribution_cumulative": args.attribution_cumulative, "k3_budget": budgets}
     write_result(args.out, stage="diagnostics", experiment=args.experiment, config=config,
                  metrics=result["metrics"], by_position=result["by_position"], trace=result["trace"],
-                 attribution=result["attribution"])
+                 attribution=result["attribution"], budget=result["budget"])
     _log(f"wrote {args.out}")
     if args.figures:
         from minite_core.diagnostics.figures import write_figures
         from minite_core.results import read_result
         paths = write_figures(read_result(args.out, stage="diagnostics"), args.figures)
         _log(f"wrote {len(paths)} figures to {args.figures}")
-    return 0
+    failed = [row for row in result["budget"] or [] if not row["pass"]]
+    for row in failed:  # the gate: one line per pair over its budget, after the result is on disk
+        print(f"minite diagnose: error: {violation_line(row)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Figures of a diagnostics result (seaborn PNGs): k3 by pair, k3 by response position, attribution bars, and the
-per-op relative error of the first-divergence trace. Input is the results-contract payload (`read_result`), so
-the report stage can redraw them from the JSON alone.
+"""Figures of a diagnostics result (seaborn PNGs): k3 by pair, k3 and full-vocabulary KL by response position, MoE
+routing disagreement per layer, attribution bars, and the per-op relative error of the first-divergence trace.
+Input is the results-contract payload (`read_result`), so the report stage can redraw them from the JSON alone.
 
 k3 spans many decades (an aligned pair can be ~1e-9, a naive one ~1e-1) and can be exactly 0: the value axis is
 logarithmic with zeros drawn at `FLOOR` (labelled in the axis title).
@@ -36,16 +36,51 @@ def k3_by_pair(payload: dict, path) -> Path:
     return _save(fig, path)
 
 
-def k3_by_position(payload: dict, path) -> Path:
-    rows = [{"pair": pair, "position": r["lo"], "k3": _floor(r["mismatch/k3"])}
-            for pair, buckets in payload["by_position"].items() for r in buckets]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+def _by_position(payload: dict, path, key: str, ylabel: str) -> Path:
+    """Metric `key` per response-position bucket, one line per pair (pairs without the key are left out)."""
+    rows = [{"pair": pair, "position": r["lo"], "value": _floor(r[key])}
+            for pair, buckets in payload["by_position"].items() for r in buckets if key in r]
+    fig, ax = plt.subplots(figsize=(8.4, 3.6))
     if rows:
-        sns.lineplot(data=pd.DataFrame(rows), x="position", y="k3", hue="pair", marker="o", ax=ax)
+        sns.lineplot(data=pd.DataFrame(rows), x="position", y="value", hue="pair", marker="o", ax=ax)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))  # outside: lines span the whole axis
     ax.set_xscale("symlog", linthresh=8)
     ax.set_yscale("log")
     ax.set_xlabel("response position (bucket start)")
-    ax.set_ylabel("k3")
+    ax.set_ylabel(ylabel)
+    return _save(fig, path)
+
+
+def k3_by_position(payload: dict, path) -> Path:
+    return _by_position(payload, path, "mismatch/k3", "k3")
+
+
+def kl_by_position(payload: dict, path) -> Path:
+    """Mean full-vocabulary KL(π_sampler ‖ π_learner) per response-position bucket."""
+    return _by_position(payload, path, "mismatch/kl_full_vocab", f"KL(sampler‖learner), full vocab; 0 at {FLOOR:g}")
+
+
+def routing_pairs(payload: dict) -> dict[str, dict[int, float]]:
+    """{pair: {decoder layer: topk_disagree}} of the pairs whose model has MoE routing."""
+    prefix = "routing/topk_disagree/layer"
+    return {pair: {int(k[len(prefix):]): v for k, v in m.items() if k.startswith(prefix)}
+            for pair, m in payload["metrics"].items() if m.get("routing/applies")}
+
+
+def routing_by_layer(payload: dict, path) -> Path:
+    """Fraction of tokens whose top-k expert set differs between learner and sampler, per MoE layer and pair
+    (a pair whose learner replays the sampler's routing executes the same sets: 0 by construction)."""
+    rows = [{"pair": pair, "layer": layer, "disagree": v}
+            for pair, layers in routing_pairs(payload).items() for layer, v in sorted(layers.items())]
+    fig, ax = plt.subplots(figsize=(8.4, 3.6))
+    sns.barplot(data=pd.DataFrame(rows), x="layer", y="disagree", hue="pair", ax=ax)
+    for bars in ax.containers:  # small rates (aligned pairs) are invisible on a linear axis: print them
+        ax.bar_label(bars, labels=[f"{b.get_height():.1e}" if b.get_height() else "0" for b in bars],
+                     fontsize=6, rotation=90, padding=2)
+    ax.set_xlabel("decoder layer (MoE)")
+    ax.set_ylabel("tokens with a different top-k set")
+    ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.15)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))
     return _save(fig, path)
 
 
@@ -90,7 +125,10 @@ def write_figures(payload: dict, directory) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     sns.set_theme(style="whitegrid", context="paper")
     paths = [k3_by_pair(payload, directory / "k3_by_pair.png"),
-             k3_by_position(payload, directory / "k3_by_position.png")]
+             k3_by_position(payload, directory / "k3_by_position.png"),
+             kl_by_position(payload, directory / "kl_by_position.png")]
+    if routing_pairs(payload):
+        paths.append(routing_by_layer(payload, directory / "routing_by_layer.png"))
     if payload.get("attribution"):
         paths.append(attribution_bars(payload, directory / "attribution.png"))
     if payload.get("trace"):

@@ -20,6 +20,9 @@ token-major output row is keyed by (row, position); expert-GEMM rows (tokens sor
 position, expert), from the same layer's router top-k in the same call. Only keys both sides computed are
 compared; `coverage` = their share of the reference's keys (< 1 where routing flipped, or where the sampler never
 fed a row's final token); routers also report `routing_flip`, the fraction of tokens whose top-k set differs.
+Expert rows are keyed by the experts that EXECUTED (model/routing.py records them): with `routes` given and a
+reference profile that replays routing (R3), the reference forward replays those sampler routes, as the learner
+does, while `routing_flip` still compares the routers' own top-k.
 
 Shape legend: B = rows, L = padded sequence, P = padded prompt, F = features of an op's output, K = top-k.
 """
@@ -30,15 +33,16 @@ import re
 
 import torch
 
-from minite_core.engines.learner import pack_right
+from minite_core.engines.batching import pack_right
+from minite_core.engines.mismatch import TRACE_THRESHOLD, rel_error  # noqa: F401  (re-exported)
 from minite_core.engines.sampler import batch_bucket, batch_layout, cache_slots
 from minite_core.model import KVCache, set_profile
 from minite_core.model.qwen3_moe import Attention, DecoderLayer, DenseMLP, SparseMoE
+from minite_core.model.routing import Routing, moe_layers, pad_routes, replay_tables, use_routing
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.tokenizer import PAD_ID
+from minite_core.task.tokenizer import PAD_ID
 
-TRACE_THRESHOLD = 1e-3  # relative error at which an op "diverges" (one bf16 rounding flip is ~4e-3 per element)
 MODES = ("prefill", "decode")
 _LAYER = re.compile(r"layers\.(\d+)(?:\.|$)")
 
@@ -69,7 +73,7 @@ class _Recorder:
         self.order: list[str] = []
         self.kinds: dict[str, str] = {}
         self.chunks: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.routes: dict[str, torch.Tensor] = {}  # router name -> this call's (N, K) top-k ids
+        self.routing = Routing()  # what every MoE layer executed, per call (set as the model's hook by _record)
         self.route_keys: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # router -> (keys, sorted top-k)
         self.token_map: torch.Tensor | None = None
         self.handles = []
@@ -104,8 +108,7 @@ class _Recorder:
             keep = flat >= 0
             self.chunks[name].append((flat[keep][:, None], out[keep]))
             if kind == "router":
-                top = out.topk(self.top_k, dim=-1).indices  # (N, K)
-                self.routes[name] = top
+                top = out.topk(self.top_k, dim=-1).indices  # (N, K) the router's own choice
                 self.route_keys.setdefault(name, []).append((flat[keep], top[keep].sort(-1).values))
         return hook
 
@@ -159,12 +162,17 @@ def _run_decode(model, rec, prompt_ids, response_ids, device):
         model(tok, attention_mask=alive[:, None], cache=cache)
 
 
-def _record(model, profile, prompt_ids, response_ids, mode) -> _Recorder:
+def _record(model, profile, prompt_ids, response_ids, mode, routes=None) -> _Recorder:
     set_profile(model, profile)
     rec = _Recorder(model)
     device = model.lm_head.weight.device
+    layers = moe_layers(model)
+    if mode == "prefill" and routes is not None and profile.routing_replay and layers:  # the learner's R3 forward
+        L = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))  # pack_right's padded length
+        rec.routing = Routing(replay=replay_tables(pad_routes(routes, L, device=device), layers))
     try:
-        (_run_full if mode == "prefill" else _run_decode)(model, rec, prompt_ids, response_ids, device)
+        with use_routing(model, rec.routing):
+            (_run_full if mode == "prefill" else _run_decode)(model, rec, prompt_ids, response_ids, device)
     finally:
         rec.remove()
     return rec
@@ -173,8 +181,9 @@ def _record(model, profile, prompt_ids, response_ids, mode) -> _Recorder:
 @torch.inference_mode()
 def trace_pair(model, ref_profile: Profile | str, sut_profile: Profile | str, prompt_ids: list[list[int]],
                response_ids: list[list[int]], *, sut_mode: str = "decode",
-               threshold: float = TRACE_THRESHOLD) -> dict:
-    """Reference = learner full-sequence forward under `ref_profile`; SUT = `sut_profile` run as `sut_mode`.
+               threshold: float = TRACE_THRESHOLD, routes: list[torch.Tensor] | None = None) -> dict:
+    """Reference = learner full-sequence forward under `ref_profile` (replaying `routes`, the sampler's per-row
+    routes, when that profile replays routing); SUT = `sut_profile` run as `sut_mode`.
     -> {"ref", "sut", "sut_mode", "threshold", "rows", "ops": [{op, kind, layer, rel_err, max_abs, coverage
     (+ routing_flip)}], "first_divergence", "first_nonzero"} (the last two: an op row or None)."""
     if sut_mode not in MODES:
@@ -182,7 +191,7 @@ def trace_pair(model, ref_profile: Profile | str, sut_profile: Profile | str, pr
     if not response_ids or max(map(len, response_ids)) == 0:
         raise ValueError("trace_pair needs at least one non-empty response")
     ref_profile, sut_profile = get_profile(ref_profile), get_profile(sut_profile)
-    ref = _record(model, ref_profile, prompt_ids, response_ids, "prefill")
+    ref = _record(model, ref_profile, prompt_ids, response_ids, "prefill", routes=routes)
     sut = _record(model, sut_profile, prompt_ids, response_ids, sut_mode)
     ops = []
     for name in ref.order:
@@ -213,13 +222,6 @@ def trace_pair(model, ref_profile: Profile | str, sut_profile: Profile | str, pr
             "first_divergence": above[0] if above else None, "first_nonzero": nonzero[0] if nonzero else None}
 
 
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖a‖ over all elements, in float64; 0 when both are 0, inf when only the reference is 0."""
-    a, b = a.double(), b.double()
-    d2, a2 = float(((a - b) ** 2).sum()), float((a * a).sum())
-    if a2 > 0:
-        return math.sqrt(d2 / a2)
-    return 0.0 if d2 == 0 else math.inf
 
 
 def decode_vs_prefill(model, profile: Profile | str, prompt_ids, response_ids, *,

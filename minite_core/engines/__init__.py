@@ -1,9 +1,19 @@
 """Engines: the learner (full-sequence response log-probs, the numbers the RL loss uses) and the sampler
 (KV-cache batched generation with processed log-probs: the reference loop and the fast static-buffer / CUDA-graph
-decode, `make_sampler` picks one), each running one execution profile on a shared model."""
-from minite_core.engines.fast_sampler import FastSampler, make_sampler, resolve_engine
-from minite_core.engines.learner import Learner, gemm_modules, pack_right
-from minite_core.engines.sampler import Rollout, Sampler, derive_seed, processed_logprobs
+decode, `make_sampler` picks one), each running one execution profile on a shared model, and what they share
+(batching, the mismatch metrics, the calibration path). Names resolve lazily (PEP 562), so importing a light
+submodule (engines.mismatch) does not load the model."""
+from __future__ import annotations
 
-__all__ = ["Learner", "Sampler", "FastSampler", "make_sampler", "resolve_engine", "Rollout", "derive_seed", "processed_logprobs",
-           "gemm_modules", "pack_right"]
+import importlib
+
+_EXPORTS = {"Learner": "learner", "Sampler": "sampler", "Rollout": "sampler", "processed_logprobs": "sampler",
+            "FastSampler": "fast_sampler", "make_sampler": "fast_sampler", "resolve_engine": "fast_sampler",
+            "pack_left": "batching", "pack_right": "batching"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"minite_core.engines.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'minite_core.engines' has no attribute {name!r}")

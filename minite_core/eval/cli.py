@@ -1,10 +1,9 @@
-"""`minite eval`: lm-eval on one checkpoint under one execution profile, fully offline; and `eval_table`.
+"""`minite eval`: lm-eval on one checkpoint under one execution profile, fully offline (table: report.tables).
 
     minite eval --checkpoint DIR --profile NAME --data-dir DIR --out FILE.json
                 [--tasks heldout_gen,heldout_mc,heldout_ppl] [--limit N] [--experiment NAME] [--run NAME]
                 [--calib JSONL] [--calib-n 32] [--recalibrate] [--dtype auto|float32|bfloat16]
                 [--batch-size 8] [--device cpu] [--spec-json '{}'] [--samples FILE.jsonl] [--tasks-dir DIR]
-    minite eval table --out FILE.md RESULT.json [RESULT.json ...]
 
 The task YAML is built from `DATA_DIR/heldout.jsonl` (`minite data`'s layout) into a temporary folder (or
 `--tasks-dir`), run through `lm_eval.simple_evaluate` with `model="minite"`, and the scores written as our own JSON
@@ -23,17 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from minite_core.results import read_result, write_result
+from minite_core.results import write_result
+from minite_core.runs.cli import add_common_args, parse_with_config
 
-HELDOUT, TOKENIZER = "heldout.jsonl", "tokenizer"  # minite_core.rl.data's layout
-# The headline column of each task in eval_table (lower is better for bits per byte).
-HEADLINE = {"heldout_gen": "exact_match", "heldout_mc": "acc", "heldout_ppl": "bits_per_byte"}
+HELDOUT, TOKENIZER = "heldout.jsonl", "tokenizer"  # minite_core.task.data's layout
+KNOWN_TASKS = ("heldout_gen", "heldout_mc", "heldout_ppl")  # eval.tasks.TASKS (named here: it imports lm-eval)
 
 
 def _run_name(checkpoint: Path) -> str:
@@ -71,7 +69,7 @@ def _by_level(samples: dict[str, list[dict]], metrics: dict[str, list[str]]) -> 
 
 def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | None = None, calib=None,
              dtype: str = "auto", batch_size: int = 8, device: str = "cpu", spec: dict | None = None,
-             tasks_dir=None, calib_n: int = 32, recalibrate: bool = False) -> dict:
+             tasks_dir=None, calib_n: int = 32, recalibrate: bool = False, seed: int = 0) -> dict:
     """Build the tasks, evaluate, and return `{"metrics", "by_level", "n_docs", "calibration", "samples"}`."""
     # fully offline: `datasets` reads these when first imported, which is inside simple_evaluate's task loading
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,7 +87,7 @@ def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | Non
         folder = build_tasks(data_dir / HELDOUT, tasks_dir or tmp, task_spec, tasks, limit)
         lm = MiniteLM(pretrained=str(checkpoint), profile=profile, dtype=dtype, batch_size=batch_size,
                       device=device, tokenizer=str(tokenizer), calib=str(calib) if calib else None,
-                      calib_n=calib_n, recalibrate=recalibrate)
+                      calib_n=calib_n, recalibrate=recalibrate, seed=seed)
         res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=task_manager(folder),
                                       log_samples=True, bootstrap_iters=1000)  # > 0: closed-form stderrs
 
@@ -103,50 +101,8 @@ def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | Non
             "samples": res["samples"], "lm_eval_version": lm_eval.__version__}
 
 
-# ----------------------------------------------------------------------------------------------- table
-def _fmt(value: float | None, stderr: float | None) -> str:
-    if value is None or math.isnan(value):
-        return "–"
-    return f"{value:.3f}" + (f" ± {stderr:.3f}" if stderr is not None and stderr > 0 else "")
-
-
-def eval_table(results: list) -> str:
-    """Markdown table of eval results (paths or loaded dicts, schema eval/v1): one row per (run, profile), one
-    column per task's headline metric (± stderr), sorted by run then profile."""
-    rows = []
-    for item in results:
-        payload = item if isinstance(item, dict) else read_result(item, stage="eval")
-        if payload.get("schema") != "eval/v1":
-            raise ValueError(f"not an eval result: schema {payload.get('schema')!r}")
-        rows.append(payload)
-    tasks = [t for t in HEADLINE if any(f"{t}/{HEADLINE[t]}" in r["metrics"] for r in rows)]
-    header = ["run", "profile", *[f"{t} {HEADLINE[t]}" for t in tasks], "n"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(tasks) + 1)) + "|"]
-    for r in sorted(rows, key=lambda r: (r["config"].get("run", ""), r["config"].get("profile", ""))):
-        m, cfg = r["metrics"], r["config"]
-        cells = [_fmt(m.get(f"{t}/{HEADLINE[t]}"), m.get(f"{t}/{HEADLINE[t]}_stderr")) for t in tasks]
-        n = max(r.get("n_docs", {}).values(), default=0)
-        lines.append("| " + " | ".join([cfg.get("run", "?"), cfg.get("profile", "?"), *cells, str(n)]) + " |")
-    return "\n".join(lines) + "\n"
-
-
 # ----------------------------------------------------------------------------------------------- CLI
-def _table_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="minite eval table", description="markdown table of eval/v1 results")
-    p.add_argument("results", nargs="+", help="eval result JSON files")
-    p.add_argument("--out", required=True, help="markdown file to write")
-    args = p.parse_args(argv)
-    text = eval_table(args.results)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text, end="")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "table":
-        return _table_main(argv[1:])
     p = argparse.ArgumentParser(prog="minite eval", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="transformers-format checkpoint directory")
     p.add_argument("--profile", required=True, help="execution profile name (minite_core.profiles)")
@@ -160,20 +116,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="compute dtype override (float32 = the peer-check setting)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--spec-json", default="{}", help="TaskSpec fields as JSON (n_choices, mc_context, ...)")
-    p.add_argument("--experiment", default="adhoc")
     p.add_argument("--run", default=None, help="row label (default: the RL run owning the checkpoint)")
     p.add_argument("--samples", default=None, help="also write lm-eval's per-sample records here (JSONL)")
     p.add_argument("--tasks-dir", default=None, help="keep the generated task YAML here (default: temporary)")
-    args = p.parse_args(argv)
+    add_common_args(p, config_help="the experiment's `eval:` section as JSON minus runs/profiles (keys = the flags)")
+    args = parse_with_config(p, argv)
 
-    spec = json.loads(args.spec_json)
+    for flag, value in (("--limit", args.limit or 1), ("--batch-size", args.batch_size), ("--calib-n", args.calib_n)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    try:
+        spec = json.loads(args.spec_json)
+    except json.JSONDecodeError as e:
+        p.error(f"--spec-json is not JSON: {e}")
     tasks = tuple(t for t in (args.tasks or "").split(",") if t) or None
+    unknown = sorted(set(tasks or ()) - set(KNOWN_TASKS))
+    if unknown:
+        p.error(f"--tasks: unknown task(s) {unknown}; known: {', '.join(KNOWN_TASKS)}")
     out = run_eval(checkpoint=args.checkpoint, profile=args.profile, data_dir=args.data_dir, tasks=tasks,
                    limit=args.limit, calib=args.calib, dtype=args.dtype, batch_size=args.batch_size,
                    device=args.device, spec=spec, tasks_dir=args.tasks_dir, calib_n=args.calib_n,
-                   recalibrate=args.recalibrate)
+                   recalibrate=args.recalibrate, seed=args.seed)
     config = {"checkpoint": str(args.checkpoint), "run": args.run or _run_name(Path(args.checkpoint)),
               "profile": args.profile, "dtype": args.dtype, "tasks": list(out["n_docs"]), "limit": args.limit,
               "calib": args.calib, "calib_n": args.calib_n, "recalibrate": args.recalibrate,

@@ -25,8 +25,9 @@ Conventions, chosen to match lm-eval's `hf` model request by request:
 - `dtype=float32` promotes the profile's compute, router and LM-head dtypes to fp32 (the peer-check setting);
   parameters are always loaded as fp32 masters and cast per op by the profile.
 - static-scale profiles (`vllm-nvfp4`) need calibrated activation amaxes: taken from the checkpoint when it
-  carries them (unless `recalibrate=True`), else computed by `nn.calibrate` on `calib=PATH.jsonl` (the first
-  `calib_n` prompt + response texts, one sequence per batch so no pad enters an amax), else an error.
+  carries them (unless `recalibrate=True`), else computed on `calib=PATH.jsonl` (`calib_n` examples chosen by
+  `seed`) by the path every stage shares (engines.calibration: the same examples give RL's scales), else an
+  error.
 
 Batch composition matters under per-tensor dynamic activation scales (the amax is over every token of the batch,
 pads included), exactly as in the engines; requests are ordered deterministically (longest first), so a run is
@@ -35,7 +36,6 @@ reproducible but a different `batch_size` may move scores slightly under such pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import lm_eval.models  # noqa: F401  populate lm-eval's registry first (it imports built-ins only when empty)
 import torch
@@ -46,13 +46,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm import tqdm
 
+from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.engines.fast_sampler import make_sampler
 from minite_core.model import load_pretrained, set_profile
-from minite_core.nn import GroupedLinear, QuantLinear
-from minite_core.nn.calibrate import calibrate
+from minite_core.nn import is_calibrated
 from minite_core.profiles import Profile, get_profile
-from minite_core.rl.task import read_jsonl
-from minite_core.rl.tokenizer import EOS_ID, load_tokenizer
+from minite_core.task.jsonl import read_jsonl
+from minite_core.task.tokenizer import load_tokenizer
 
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -65,15 +65,6 @@ def eval_profile(name: str | Profile, dtype: str = "auto") -> Profile:
     if dtype == "auto":
         return profile
     return profile.replace(dtype=dtype, router_dtype=dtype, lm_head_dtype=dtype)
-
-
-def calibration_batches(tokenizer, path: str | Path, n: int) -> list[torch.Tensor]:
-    """The first `n` examples of a task JSONL as `<bos>` + prompt + response + `<eos>` input_ids, one (1, T) tensor
-    each: batch 1, so no pad token enters a calibrated amax."""
-    rows = read_jsonl(path)[:n]
-    if not rows:
-        raise ValueError(f"calibration file {path} has no examples")
-    return [torch.tensor([tokenizer(r["prompt"] + r["response"])["input_ids"] + [EOS_ID]]) for r in rows]
 
 
 def _flag(value) -> bool:
@@ -104,11 +95,11 @@ class MiniteLM(TemplateLM):
         if len(self.tokenizer) > self.model.config.vocab_size:
             raise ValueError(f"minite: tokenizer has {len(self.tokenizer)} tokens > model vocab "
                              f"{self.model.config.vocab_size}")
+        self.seed = int(seed)
         self.calibration = self._calibrate(calib, int(calib_n), _flag(recalibrate))
         set_profile(self.model, self.profile)
         self._max_length = int(max_length) if max_length else self.model.config.max_position_embeddings
         self._max_gen_toks = int(max_gen_toks)
-        self.seed = int(seed)
 
     # ---- setup -------------------------------------------------------------------------------------------------
     def _calibrate(self, calib: str | None, n: int, recalibrate: bool) -> dict:
@@ -116,19 +107,16 @@ class MiniteLM(TemplateLM):
         checkpoint would use), else — or with `recalibrate` — computed on `calib`; neither is an error."""
         if not self.profile.needs_calibration:
             return {"source": "none"}
-        have = [m.input_amax is not None for m in self.model.modules()  # the GEMMs that carry `input_amax`
-                if isinstance(m, GroupedLinear) or (isinstance(m, QuantLinear) and m.role == "linear")]
-        if have and all(have) and not recalibrate:
+        if is_calibrated(self.model) and not recalibrate:
             return {"source": "checkpoint"}
         if calib is None:
             raise ValueError(
                 f"minite: profile {self.profile.name!r} uses static (calibrated) activation scales, but checkpoint "
                 f"{self.pretrained} carries none: pass calib=PATH.jsonl (e.g. the task's train split) in model_args "
                 "or --calib to `minite eval`")
-        # calibrate in the profile's compute dtype, as the checkpoint exporter would
-        set_profile(self.model, self.profile)
-        amax = calibrate(self.model, [b.to(self._device) for b in calibration_batches(self.tokenizer, calib, n)])
-        return {"source": str(calib), "n": n, "max_amax": max(amax.values())}
+        set_profile(self.model, self.profile)  # calibrate in the profile's compute dtype, as the exporter would
+        info = calibrate_on_examples(self.model, self.tokenizer, read_jsonl(calib), n=n, seed=self.seed)
+        return {"source": str(calib), "n": n, **info}
 
     # ---- TemplateLM plumbing -----------------------------------------------------------------------------------
     @property

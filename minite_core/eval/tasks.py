@@ -2,7 +2,7 @@
 
 What: `build_tasks(heldout_jsonl, folder)` writes one YAML per task plus the JSONL each reads into `folder`;
 `task_manager(folder)` returns `TaskManager(include_path=folder, include_defaults=False)`, which sees only these.
-Three views of the RL task's held-out split (rl/task.py):
+Three views of the RL task's held-out split (task/arithmetic.py):
 - `heldout_gen` (generate_until): prompt -> greedy response, stop at `<eos>` (the model's) or a blank line;
   `exact_match` = the last well-formed `answer: N` line equals the reference (`task.extract_answer`, which allows
   leading/trailing spaces on the line and ignores everything else) — the RL reward at format_credit 0.
@@ -22,14 +22,15 @@ when no file of that name sits next to the YAML), so no Python file is generated
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from minite_core.rl.task import LEVELS, choices, extract_answer, read_jsonl, write_jsonl
+from minite_core.seeds import choice_seed
+from minite_core.task.arithmetic import LEVELS, choices, extract_answer
+from minite_core.task.jsonl import read_jsonl, write_jsonl
 
 TASKS = ("heldout_gen", "heldout_mc", "heldout_ppl")
 MC_CONTEXTS = ("scratchpad", "prompt")
@@ -63,13 +64,6 @@ def process_results_gen(doc: dict, results: list[str]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------- docs
-def choice_seed(seed: int, index: int) -> int:
-    """Seed of doc `index`'s candidates: blake2b of (seed, "mc", index), so neighbouring docs get unrelated draws
-    and a doc's candidates do not depend on `limit` or on which other docs are evaluated."""
-    digest = hashlib.blake2b(f"{int(seed)}/mc/{int(index)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
 def mc_doc(example: dict, index: int, spec: TaskSpec) -> dict:
     """The multiple-choice view of one held-out example: context, candidates, gold index."""
     if spec.mc_context == "scratchpad":

@@ -51,8 +51,10 @@ def backend_available(name: str) -> tuple[bool, str]:
 
 
 def set_backend(name: str | None) -> None:
-    """The run's kernel backend (None = automatic). Checked now, so a bad choice fails before any work."""
+    """The run's kernel backend (run option `--kernels` / config key `kernels`; None or "auto" = automatic).
+    Checked now, so a bad choice fails before any work."""
     global _RUN_BACKEND
+    name = None if name == "auto" else name
     if name is not None:
         ok, reason = backend_available(name)
         if not ok:
@@ -122,6 +124,25 @@ def quantize_dq(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: in
     """`quantize` plus the GEMM-ready DqOperand (bf16 e2m1(q)*sf, S_dec) from the same pass."""
     t, dq = _quantize_impl(x, quant, amax, seed, rht, True, backend, check, kwargs)
     return t, DqOperand(dq, t.global_scale)
+
+
+def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: int | None = None,
+                  rht: bool = False, *, emit_dq: bool = False, backend: str | None = None, **kwargs):
+    """The along-token operand: x [T, C] -> (NVFP4Tensor of xᵀ [C, T] quantized along T, bf16 values or None).
+    Per-tensor scale (`amax` static or dynamic), or Triton only: col_amax= [T/16], seg_seed= (MoE experts)."""
+    q = _quant_kwargs(quant, kwargs)
+    if not fast_path(x, backend):
+        from minite_core.kernels.reference import quantize_reference
+
+        q.pop("scale_mode")
+        return quantize_reference(x.t(), scale_mode="tensor", amax=amax, seed=seed, rht=rht, emit_dq=emit_dq,
+                                  check=False, **q)
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    if tuple(q.pop("block")) != (1, 16):
+        raise NotImplementedError("the along-token quantizer takes 1x16 blocks (every profile's wgrad operands)")
+    q.pop("scale_mode")
+    return quantize_cols_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, **q)
 
 
 def as_dq(op) -> DqOperand:

@@ -12,6 +12,10 @@ Tied embeddings: `lm_head.weight` is not written (transformers re-ties it) and i
 
 Calibrated static activation scales (`input_amax` buffers on QuantLinear / GroupedLinear) are written under our
 module names (`...q_proj.input_amax`); transformers reports them as unexpected keys and ignores them.
+
+Loading checks what it loads: a missing or unreadable config.json / safetensors file is an error naming the file,
+and every floating tensor must be finite (one check per tensor on load: a NaN weight would otherwise surface as
+NaN metrics with exit 0). Saving is atomic per file (results.atomic_write_bytes).
 """
 from __future__ import annotations
 
@@ -20,28 +24,59 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from minite_core.model.config import ModelConfig
 from minite_core.model.qwen3_moe import CausalLM
+from minite_core.results import atomic_write_bytes
 
 CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME = "config.json", "model.safetensors", "model.safetensors.index.json"
 _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _AMAX = ".input_amax"
 
 
+def _load_file(path: Path, device) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path, device=str(device))
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for one meaning: a damaged file
+        raise ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:160]}); rewrite or re-download it") from None
+
+
 def read_safetensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory: model.safetensors, or the shards of model.safetensors.index.json."""
     path = Path(path)
     if (path / INDEX_NAME).exists():
-        shards = sorted(set(json.loads((path / INDEX_NAME).read_text())["weight_map"].values()))
+        shards = sorted(set(read_config(path, INDEX_NAME)["weight_map"].values()))
         tensors: dict[str, torch.Tensor] = {}
         for shard in shards:
-            tensors.update(load_file(path / shard, device=str(device)))
+            tensors.update(_load_file(path / shard, device))
         return tensors
     if (path / WEIGHTS_NAME).exists():
-        return load_file(path / WEIGHTS_NAME, device=str(device))
-    raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {path}")
+        return _load_file(path / WEIGHTS_NAME, device)
+    raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {path}: is it a checkpoint directory?")
+
+
+def read_config(path: str | Path, name: str = CONFIG_NAME) -> dict:
+    """A checkpoint directory's JSON file (config.json), with errors that name it."""
+    file = Path(path) / name
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist: {path} is not a checkpoint directory "
+                                "(save_pretrained writes config.json + model.safetensors)")
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON ({e})") from None
+
+
+_CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # (float8 scales: no inf; NaN caught on use)
+
+
+def check_finite(tensors: dict[str, torch.Tensor], source) -> None:
+    """Every floating tensor finite; else ValueError naming the tensors (one check per tensor: load time only)."""
+    bad = [name for name, t in tensors.items() if t.dtype in _CHECKED and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{source}: non-finite values (inf/NaN) in {len(bad)} tensor(s), e.g. {bad[:3]}")
 
 
 def from_hf_state_dict(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -105,8 +140,10 @@ def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32,
     """A CausalLM from a transformers checkpoint directory; parameters in `dtype` (fp32 masters by default).
     The compute precision is the profile's (`set_profile`), independent of `dtype`."""
     path = Path(path)
-    config = ModelConfig.from_hf(json.loads((path / CONFIG_NAME).read_text()))
-    state = from_hf_state_dict(read_safetensors(path, device), config)
+    config = ModelConfig.from_hf(read_config(path))
+    raw = read_safetensors(path, device)
+    check_finite(raw, path)
+    state = from_hf_state_dict(raw, config)
     amax = {k: state.pop(k) for k in [k for k in state if k.endswith(_AMAX)]}
     with torch.device("meta"):  # no allocation: every parameter is assigned from the checkpoint below
         model = CausalLM(config)
@@ -136,7 +173,7 @@ def save_pretrained(model: CausalLM, path: str | Path, dtype: torch.dtype | None
     path.mkdir(parents=True, exist_ok=True)
     tensors = to_hf_state_dict(model, dtype)
     stored = dtype if dtype is not None else model.model.embed_tokens.weight.dtype
-    (path / CONFIG_NAME).write_text(json.dumps(model.config.to_hf(dtype=str(stored).removeprefix("torch.")),
-                                               indent=2) + "\n")
-    save_file(tensors, path / WEIGHTS_NAME, metadata={"format": "pt"})
+    config = json.dumps(model.config.to_hf(dtype=str(stored).removeprefix("torch.")), indent=2) + "\n"
+    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    atomic_write_bytes(path / CONFIG_NAME, config.encode())
     return path

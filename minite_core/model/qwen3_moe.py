@@ -46,8 +46,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_fp32 = x.float()
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """residual given: normalise the fp32 sum x + residual before it is rounded (fused add-norm)."""
+        x_fp32 = x.float() if residual is None else x.float() + residual.float()
         x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight.to(x.dtype) * x_fp32.to(x.dtype)
 
@@ -66,8 +67,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin  # x: (B, H, T, Dh)
+def cast(x: torch.Tensor, dtype: torch.dtype, rounding: str = "rne") -> torch.Tensor:
+    """x -> dtype; rounding "rtz" truncates fp32 -> bf16 (drops the low 16 bits, as vLLM's AVX2 CPU kernels),
+    "rne" is torch's cast. Profile knob `kernel_rounding`."""
+    if rounding == "rtz" and x.dtype == torch.float32 and dtype == torch.bfloat16:
+        return (x.contiguous().view(torch.int32) & -65536).view(torch.float32).to(dtype)  # exact: low bits are 0
+    return x.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None,
+               rounding: str = "rne") -> torch.Tensor:
+    """x (B, H, T, Dh) rotated. dtype None: in x's dtype, each product and the sum rounded (transformers);
+    else in `dtype` with one rounding back to x's dtype (profile knobs rope_dtype, kernel_rounding; vLLM's
+    CPU kernel: fp32, truncated). bf16 products are exact in fp32, so fp32 is bitwise with or without FMA."""
+    if dtype is None or dtype == x.dtype:
+        return x * cos + _rotate_half(x) * sin
+    xd = x.to(dtype)
+    return cast(xd * cos.to(dtype) + _rotate_half(xd) * sin.to(dtype), x.dtype, rounding)
 
 
 class Attention(nn.Module):
@@ -95,14 +111,15 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        p = self.o_proj.profile
+        rope_dtype = torch_dtype(p.rope_dtype) if p.rope_dtype else None  # profile knob: rotation precision
+        q, k = (apply_rope(t, cos, sin, rope_dtype, p.kernel_rounding) for t in (q, k))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
-        p = self.o_proj.profile
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
-                                           is_causal=mask is None,
-                                           enable_gqa=self.num_heads != self.num_kv_heads).to(q.dtype)  # (B, H, T, Dh)
+                                           is_causal=mask is None, enable_gqa=self.num_heads != self.num_kv_heads)
+        o = cast(o, q.dtype, p.kernel_rounding)  # (B, H, T, Dh)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 
@@ -143,12 +160,18 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = QuantLinear(cfg.hidden_size, cfg.num_experts, role="router")
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.routing = None  # per-call hook (N, K) ids -> ids to execute | None; set only by model.routing
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (N, D) -> weights (N, K) in the router dtype, expert ids (N, K)
         logits = self.gate(x.to(torch_dtype(self.gate.profile.router_dtype)))  # (N, E)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
+        if self.routing is not None:  # record / replay (model/routing.py)
+            replayed = self.routing(top_idx)
+            if replayed is not None:  # replayed expert set, this router's own gate weights over it
+                top_idx = replayed
+                top_w = probs.gather(-1, top_idx)
         if self.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         return top_w.to(logits.dtype), top_idx
@@ -174,6 +197,16 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, mask, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x, delta, cos, sin, mask, cache):
+        """Profile knob fused_add_norm (vLLM's fused_add_rms_norm): each norm after a residual add normalises the
+        fp32 sum, the stream keeps the rounded sum. x: stream without `delta`, the previous layer's MLP output
+        (None for layer 0). Returns (stream without this layer's MLP output, MLP output)."""
+        h = self.input_layernorm(x) if delta is None else self.input_layernorm(x, delta)
+        x = x if delta is None else x + delta
+        a = self.self_attn(h, cos, sin, mask, cache)
+        h = self.post_attention_layernorm(x, a)
+        return x + a, self.mlp(h)
 
 
 class Decoder(nn.Module):
@@ -230,11 +263,17 @@ class CausalLM(nn.Module):
 
         x = self.model.embed_tokens(input_ids).to(dtype)  # (B, T, D)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache)
+        if self.profile.fused_add_norm:
+            delta = None
+            for layer in self.model.layers:
+                x, delta = layer.forward_fused(x, delta, cos, sin, mask, cache)
+            x = self.model.norm(x, delta)
+        else:
+            for layer in self.model.layers:
+                x = layer(x, cos, sin, mask, cache)
+            x = self.model.norm(x)
         if cache is not None:
             cache.advance(real)
-        x = self.model.norm(x)
         return self.lm_head(x.to(torch_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
 
     @staticmethod

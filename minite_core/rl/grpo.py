@@ -43,9 +43,23 @@ import math
 
 import torch
 
+from minite_core.engines.mismatch import LOG_RATIO_CLAMP, clamped_log_ratio
+
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 CORRECTIONS = (None, "tis", "mis-token", "mis-seq")
-LOG_RATIO_CLAMP = 20.0  # verl core_algos: exp of a log-ratio beyond ±20 is treated as ±20
+
+
+def parse_correction(name: str | None) -> str | None:
+    """"none" / "" / None -> None; a known correction name -> itself; else ValueError naming the choices."""
+    c = None if name in (None, "", "none") else name
+    if c not in CORRECTIONS:
+        raise ValueError(f"unknown correction {name!r}; known: none, {', '.join(CORRECTIONS[1:])}")
+    return c
+
+
+def run_name(learner: str, sampler: str, correction: str | None) -> str:
+    """``{learner}__{sampler}__{correction}`` (correction "none" when off): the results directory of the run."""
+    return f"{learner}__{sampler}__{correction or 'none'}"
 
 
 # ----------------------------------------------------------------------------------------------- vectorised
@@ -101,7 +115,7 @@ def rollout_correction(
     if cap <= 1.0:
         raise ValueError(f"cap must be > 1, got {cap}")
     m = mask.bool()
-    log_w = (logp_old.detach() - logp_sampler.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
+    log_w = clamped_log_ratio(logp_old.detach(), logp_sampler.detach())  # (N, T)
     log_cap = math.log(cap)
     metrics: dict[str, torch.Tensor] = {}
     if mode == "tis":
@@ -148,7 +162,7 @@ def policy_loss(
     if correction is not None:
         weight, m, metrics = rollout_correction(logp_old, logp_sampler, m, correction, cap)
     adv = advantages.detach().to(logp_new.dtype)[:, None]  # (N, 1)
-    log_ratio = (logp_new - logp_old.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
+    log_ratio = clamped_log_ratio(logp_new, logp_old.detach())  # (N, T)
     ratio = log_ratio.exp()
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +33,19 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.engines import derive_seed, make_sampler
+from minite_core.engines import make_sampler
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
-from minite_core.results import write_result
-from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, add_run_args, config_to_dict, fingerprint,
-                                       parse_run_args, resume_or_fresh, save_state)
-from minite_core.rl.data import TOKENIZER, load_split
-from minite_core.rl.task import LEVELS, reward
-from minite_core.rl.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer
+from minite_core.results import atomic_write_bytes, config_to_dict, write_result
+from minite_core.runs.cli import add_run_args, parse_run_args
+from minite_core.runs.lock import RunLock
+from minite_core.runs.state import fingerprint, resume, save_state
+from minite_core.runs.steplog import StepLog
+from minite_core.seeds import tagged
+from minite_core.task.data import TOKENIZER, load_split
+from minite_core.task.arithmetic import LEVELS, reward
+from minite_core.task.tokenizer import (BOS_ID, EOS_ID, PAD_ID, decode_response, encode, load_tokenizer,
+                                        save_tokenizer)
 
 VOCAB_SIZE = 64  # len(VOCAB) = 54 rounded up to a multiple of 16 (extra rows are never targets)
 
@@ -76,6 +79,15 @@ class PretrainConfig:
     checkpoint_every: int = 100
     profile: str = "bf16"  # fp32 masters, bf16 compute (the BF16 baseline's base model is everyone's base model)
 
+    def __post_init__(self):
+        lo, hi = self.target_accuracy
+        if not 0 <= lo <= hi <= 1:
+            raise ValueError(f"PretrainConfig.target_accuracy must be 0 <= low <= high <= 1, got {self.target_accuracy}")
+        for key in ("batch_size", "max_steps", "eval_every", "checkpoint_every"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"PretrainConfig.{key} must be >= 1, got {getattr(self, key)}")
+        self.model_config()  # ModelConfig checks the shape (GQA heads, head_dim, top-k)
+
     def model_config(self) -> ModelConfig:
         return ModelConfig(
             vocab_size=VOCAB_SIZE, hidden_size=self.hidden_size, intermediate_size=2 * self.hidden_size,
@@ -87,17 +99,6 @@ class PretrainConfig:
 
 
 # ----------------------------------------------------------------------------------------------- shared helpers
-def encode(tok, examples: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids with <bos>, response ids + <eos>) per example: the tokenizer's conventions (rl/tokenizer.py)."""
-    prompts = tok([e["prompt"] for e in examples])["input_ids"]
-    responses = tok([e["response"] for e in examples], add_special_tokens=False)["input_ids"]
-    return [list(p) for p in prompts], [list(r) + [EOS_ID] for r in responses]
-
-
-def decode_response(tok, ids: list[int]) -> str:
-    return tok.decode([t for t in ids if t != EOS_ID], skip_special_tokens=True)
-
-
 def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
     """The first ``per_level`` examples of every level (all when None or 0), in file order: the same set every
     time."""
@@ -114,8 +115,8 @@ def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
 
 def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens: int,
                     batch_size: int = 256) -> dict[str, float]:
-    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (make_sampler): {"acc", "acc/<level>",
-    "response_len"}. Leaves the model in train mode with whatever profile it had."""
+    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (make_sampler):
+    {"acc", "acc/<level>", "response_len"}. Leaves the model in train mode with whatever profile it had."""
     before, was_training = model.profile, model.training
     prompts, _ = encode(tok, examples)
     out = make_sampler(model, profile).generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
@@ -149,93 +150,117 @@ def sft_batch(prompts, responses, idx: list[int]):
 
 
 # ----------------------------------------------------------------------------------------------- training
-def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, state_dir: str | Path, seed: int,
-             experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
-             stop_after: int | None = None) -> dict:
-    """Run (or resume) SFT; returns the metrics of pretrain.json. ``stop_after`` = stop after that many steps of
-    this call without finishing (tests use it to simulate a kill)."""
-    out, state_dir = Path(out), Path(state_dir)
-    out.mkdir(parents=True, exist_ok=True)
+@dataclass
+class _SFT:
+    """Everything one SFT run works with (built once by `_setup`)."""
+
+    cfg: PretrainConfig
+    tok: object
+    prompts: list
+    responses: list
+    heldout: list
+    eval_set: list
+    max_new: int
+    model: CausalLM
+    opt: torch.optim.Optimizer
+    run_cfg: dict
+    seed: int
+    device: str
+
+
+def _setup(cfg: PretrainConfig, data_dir: str | Path, seed: int, device: str) -> _SFT:
+    train, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")  # names a missing data dir
     tok = load_tokenizer(Path(data_dir) / TOKENIZER)
     if len(tok) > VOCAB_SIZE:
         raise ValueError(f"tokenizer has {len(tok)} tokens > model vocab {VOCAB_SIZE}")
-    train, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")
     prompts, responses = encode(tok, train)
-    eval_set = eval_subset(heldout, cfg.eval_per_level)
-    max_new = max_response_tokens(train + heldout)
-
-    model = CausalLM(cfg.model_config()).init_weights(derive_seed(seed, SEED_TAGS["init"])).to(device)
+    model = CausalLM(cfg.model_config()).init_weights(tagged(seed, "init")).to(device)
     set_profile(model, cfg.profile)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "inputs": fingerprint(Path(data_dir) / "train.jsonl")}
-    resumed = resume_or_fresh(state_dir, model=model, optimizer=opt, config=run_cfg)
-    step, last_eval = (resumed["step"], resumed["extra"].get("last_eval")) if resumed else (0, None)
-    log = StepLog(state_dir / "loss.csv")  # beside the state: survives the cleanup of a failed job
-    if resumed:
-        log.truncate(step)
-    else:
-        log.path.unlink(missing_ok=True)
-        log = StepLog(log.path)
+    return _SFT(cfg, tok, prompts, responses, heldout, eval_subset(heldout, cfg.eval_per_level),
+                max_response_tokens(train + heldout), model, opt, run_cfg, seed, device)
 
-    t_start, done_reason, steps_this_call = time.time(), None, 0
-    bar = tqdm(total=cfg.max_steps, initial=step, desc="pretrain", disable=not progress, mininterval=2.0)
-    if last_eval is not None and last_eval["acc"] >= cfg.target_accuracy[0]:
-        done_reason = "target"  # killed between the stopping evaluation and the final write
-    while done_reason is None and step < cfg.max_steps:
-        step += 1
-        t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["batch"], step))
-        idx = torch.randint(len(train), (cfg.batch_size,), generator=g).tolist()
-        ids, mask = (t.to(device) for t in sft_batch(prompts, responses, idx))
-        lr = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        logits = model(ids)  # (B, L, V) fp32; right padding needs no mask under causal attention
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]  # (B, L-1)
-        loss = -(logp * mask).sum() / mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-        opt.step()
-        loss_f = loss.item()
-        row = {"step": step, "loss": loss_f, "grad_norm": grad_norm, "lr": lr,
-               "tokens": int(mask.sum()), "tokens_per_s": int(mask.sum()) / (time.perf_counter() - t0),
-               "acc": None}
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            last_eval = greedy_accuracy(model, cfg.profile, tok, eval_set, max_new_tokens=max_new)
-            row["acc"] = last_eval["acc"]
-            if last_eval["acc"] >= cfg.target_accuracy[0]:
-                done_reason = "target"
-        log.append(row)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss_f:.3f}", acc="-" if last_eval is None else f"{last_eval['acc']:.2f}",
-                        refresh=False)
-        steps_this_call += 1
-        if step % cfg.checkpoint_every == 0 or done_reason:
-            save_state(state_dir, step=step, model=model, optimizer=opt, config=run_cfg,
-                       extra={"last_eval": last_eval})
-        if stop_after is not None and steps_this_call >= stop_after and done_reason is None:
-            bar.close()
-            save_state(state_dir, step=step, model=model, optimizer=opt, config=run_cfg,
-                       extra={"last_eval": last_eval})
-            return {"stopped_at": step}
-    bar.close()
-    done_reason = done_reason or "max_steps"
 
-    final = greedy_accuracy(model, cfg.profile, tok, heldout, max_new_tokens=max_new)
-    shutil.copyfile(log.path, out / "loss.csv")
-    save_pretrained(model, out / "model", dtype=torch.float32)
-    save_tokenizer(tok, out / "model")
-    lo, hi = cfg.target_accuracy
-    metrics = {"steps": step, "stop_reason": done_reason, "heldout_accuracy": final["acc"],
+def sft_step(run: _SFT, step: int) -> dict:
+    """One SFT update -> its log row (acc None). Stops the stage on a non-finite loss or gradient norm (one check
+    per step, on numbers the step syncs anyway), before the optimizer applies it."""
+    cfg, t0 = run.cfg, time.perf_counter()
+    g = torch.Generator().manual_seed(tagged(run.seed, "batch", step))
+    idx = torch.randint(len(run.prompts), (cfg.batch_size,), generator=g).tolist()
+    ids, mask = (t.to(run.device) for t in sft_batch(run.prompts, run.responses, idx))
+    lr = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
+    for group in run.opt.param_groups:
+        group["lr"] = lr
+    logits = run.model(ids)  # (B, L, V) fp32; right padding needs no mask under causal attention
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]  # (B, L-1)
+    loss = -(logp * mask).sum() / mask.sum()
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip))
+    loss_f = loss.item()
+    if not (math.isfinite(loss_f) and math.isfinite(grad_norm)):
+        raise ValueError(f"pretrain step {step}: non-finite loss {loss_f} or gradient norm {grad_norm} (lr {lr:g}); "
+                         "lower pretrain.lr or pretrain.grad_clip")
+    run.opt.step()
+    n_tok = int(mask.sum())
+    return {"step": step, "loss": loss_f, "grad_norm": grad_norm, "lr": lr, "tokens": n_tok,
+            "tokens_per_s": n_tok / (time.perf_counter() - t0), "acc": None}
+
+
+def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, state_dir: str | Path, seed: int,
+             experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
+             stop_after: int | None = None, restart: bool = False) -> dict:
+    """Run (or resume) SFT; returns the metrics of pretrain.json. ``stop_after`` = stop after that many steps of
+    this call without finishing (tests use it to simulate a kill); ``restart`` discards the resume state."""
+    out, state_dir = Path(out), Path(state_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run = _setup(cfg, data_dir, seed, device)
+    with RunLock(state_dir):  # one writer per state directory; the log lives beside the state
+        step, extra, log = resume(state_dir, model=run.model, optimizer=run.opt, config=run.run_cfg,
+                                  log_name="loss.csv", restart=restart)
+        last_eval, t_start, steps_this_call = extra.get("last_eval"), time.time(), 0
+        # a stop at the target accuracy that was killed before the final write is done already
+        done = "target" if last_eval is not None and last_eval["acc"] >= cfg.target_accuracy[0] else None
+        bar = tqdm(total=cfg.max_steps, initial=step, desc="pretrain", disable=not progress, mininterval=2.0)
+        while done is None and step < cfg.max_steps:
+            step += 1
+            row = sft_step(run, step)
+            if step % cfg.eval_every == 0 or step == cfg.max_steps:
+                last_eval = greedy_accuracy(run.model, cfg.profile, run.tok, run.eval_set, max_new_tokens=run.max_new)
+                row["acc"] = last_eval["acc"]
+                done = "target" if last_eval["acc"] >= cfg.target_accuracy[0] else None
+            log.append(row)
+            bar.update(1)
+            steps_this_call += 1
+            killed = stop_after is not None and steps_this_call >= stop_after and done is None
+            if step % cfg.checkpoint_every == 0 or done or killed:
+                save_state(state_dir, step=step, model=run.model, optimizer=run.opt, config=run.run_cfg,
+                           extra={"last_eval": last_eval})
+            if killed:
+                bar.close()
+                return {"stopped_at": step}
+        bar.close()
+        loss = row["loss"] if steps_this_call else math.nan
+        return _finish(run, out, log, step, done or "max_steps", loss, time.time() - t_start, experiment)
+
+
+def _finish(run: _SFT, out: Path, log: StepLog, step: int, reason: str, final_loss: float, wall_s: float,
+            experiment: str) -> dict:
+    """Held-out accuracy on the whole split, the checkpoint, loss.csv and pretrain.json."""
+    final = greedy_accuracy(run.model, run.cfg.profile, run.tok, run.heldout, max_new_tokens=run.max_new)
+    atomic_write_bytes(out / "loss.csv", log.path.read_bytes())
+    save_pretrained(run.model, out / "model", dtype=torch.float32)
+    save_tokenizer(run.tok, out / "model")
+    lo, hi = run.cfg.target_accuracy
+    metrics = {"steps": step, "stop_reason": reason, "heldout_accuracy": final["acc"],
                "accuracy_per_level": {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("acc/")},
                "response_len": final["response_len"], "in_band": lo <= final["acc"] <= hi,
-               "final_loss": loss_f if steps_this_call else math.nan,
-               "num_parameters": model.num_parameters(), "wall_s_this_call": time.time() - t_start}
-    write_result(out / "pretrain.json", stage="pretrain", experiment=experiment, config=run_cfg, metrics=metrics,
-                 model_config=model.config.to_hf())
+               "final_loss": final_loss, "num_parameters": run.model.num_parameters(), "wall_s_this_call": wall_s}
+    write_result(out / "pretrain.json", stage="pretrain", experiment=experiment, config=run.run_cfg,
+                 metrics=metrics, model_config=run.model.config.to_hf())
     return metrics
 
 
@@ -247,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_run_args(p, argv, PretrainConfig)
     metrics = pretrain(cfg, data_dir=args.data, out=args.out, state_dir=args.state or Path(args.out) / "state",
                        seed=args.seed, experiment=args.experiment, device=args.device,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, restart=args.restart)
     print(f"pretrain: {metrics['steps']} steps ({metrics['stop_reason']}), held-out accuracy "
           f"{metrics['heldout_accuracy']:.3f} {metrics['accuracy_per_level']}")
     return 0

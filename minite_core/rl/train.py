@@ -7,13 +7,16 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
    times (groups contiguous, as ``group_advantages`` expects).
 2. rollout: the sampler under S generates the N responses (temperature / top-p from the config), seeded by
    derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
-   of its processed distribution (vLLM's ``logprobs``). The engine (``engines.make_sampler``): the fast CUDA-graph
-   sampler on the GPU, the reference loop on CPU (bitwise the same results there), $MINITE_SAMPLER overrides.
+   of its processed distribution (vLLM's ``logprobs``). With a learner profile that replays routing (R3,
+   ``routing_replay``) it also records the experts every MoE layer executed for every token it fed. The engine
+   (``engines.make_sampler``): the fast CUDA-graph sampler on the GPU, the reference loop on CPU (bitwise the
+   same results there); ``--sampler-engine`` overrides.
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
-   and starts at exactly 1. The same numbers vs the sampler's give the
-   step's ``mismatch/*`` metrics (diagnostics.metrics) — the quantity the paper is about.
+   and starts at exactly 1 (under R3 the old and new forwards both replay the sampler's routes, so the ratio
+   moves only with the weights, never with a routing flip). The same numbers vs the sampler's give the
+   step's ``mismatch/*`` metrics (engines.mismatch) — the quantity the paper is about.
 5. update: the N responses are split into ``mini_batches`` contiguous chunks, one AdamW step each (so from the
    second chunk on the ratio moves off 1 and the 0.2/0.28 clip acts); learner log-probs use the sampler's
    processed distribution (temperature, top-p); loss = ``policy_loss`` token-mean, no KL,
@@ -33,14 +36,13 @@ greedy accuracy under S on evaluation steps (``eval/*``, else empty). ``summary.
 stage "rl". ``final/``: the last weights in transformers format (fp32, with the calibrated scales and the
 tokenizer) for lm-eval.
 
-Resume (checkpoint.py): state every ``checkpoint_every`` steps beside the live CSV; a resumed run replays the
+Resume (runs/state.py: checked, `--restart` to start over; runs/lock.py: one writer per run directory): state every ``checkpoint_every`` steps beside the live CSV; a resumed run replays the
 remaining steps exactly (same rows but ``timing/*``): tests/test_rl_loop.py runs K straight vs K/2 + resume + K/2.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import statistics
 import time
 from dataclasses import dataclass
@@ -49,19 +51,22 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.diagnostics.metrics import mismatch_metrics
-from minite_core.engines import Learner, Sampler, derive_seed, make_sampler, resolve_engine
+from minite_core.engines import Learner, Sampler, make_sampler, resolve_engine
+from minite_core.engines.mismatch import mismatch_metrics
+from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.model import load_pretrained, save_pretrained, set_profile
-from minite_core.nn import calibrate, track_optimizer
+from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
-from minite_core.results import write_result
-from minite_core.rl.checkpoint import (SEED_TAGS, StepLog, add_run_args, config_to_dict, fingerprint,
-                                       parse_run_args, resume_or_fresh, save_state)
-from minite_core.rl.data import load_split
-from minite_core.rl.grpo import CORRECTIONS, group_advantages, policy_loss
-from minite_core.rl.pretrain import decode_response, encode, eval_subset, greedy_accuracy, max_response_tokens
-from minite_core.rl.task import reward
-from minite_core.rl.tokenizer import load_tokenizer, save_tokenizer
+from minite_core.results import atomic_write_bytes, config_to_dict, write_result
+from minite_core.runs.cli import add_run_args, parse_run_args
+from minite_core.runs.lock import RunLock
+from minite_core.runs.state import fingerprint, resume, save_state
+from minite_core.seeds import tagged
+from minite_core.task.data import load_split
+from minite_core.rl.grpo import group_advantages, parse_correction, policy_loss, run_name
+from minite_core.rl.pretrain import eval_subset, greedy_accuracy, max_response_tokens
+from minite_core.task.arithmetic import reward
+from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
 
 FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
@@ -94,36 +99,22 @@ class RLConfig:
         if self.group_size < 2:
             raise ValueError("RLConfig.group_size must be >= 2 (GRPO needs a group baseline)")
         if self.mini_batches < 1 or (self.prompts_per_step * self.group_size) % self.mini_batches:
-            raise ValueError(f"mini_batches={self.mini_batches} must divide prompts_per_step*group_size")
+            raise ValueError(f"RLConfig.mini_batches={self.mini_batches} must divide prompts_per_step*group_size")
+        for key in ("steps", "prompts_per_step", "eval_every", "checkpoint_every", "calibration_examples"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"RLConfig.{key} must be >= 1, got {getattr(self, key)}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"RLConfig needs temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 
 
-def run_name(learner: str, sampler: str, correction: str | None) -> str:
-    """``{learner}__{sampler}__{correction}`` (correction "none" when off): the results directory of the run."""
-    return f"{learner}__{sampler}__{correction or 'none'}"
-
-
-def parse_correction(name: str | None) -> str | None:
-    c = None if name in (None, "", "none") else name
-    if c not in CORRECTIONS:
-        raise ValueError(f"unknown correction {name!r}; known: none, {', '.join(CORRECTIONS[1:])}")
-    return c
-
-
-def calibration_batches(tok, train: list[dict], n: int, seed: int, batch_size: int = 16):
-    """Right-padded (input_ids, attention_mask) batches of ``n`` training examples chosen by the run seed."""
-    g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["init"]))
-    pick = torch.randperm(len(train), generator=g)[:n].tolist()
-    prompts, responses = encode(tok, [train[i] for i in pick])
-    seqs = [p + r for p, r in zip(prompts, responses)]
-    for s in range(0, len(seqs), batch_size):
-        chunk = seqs[s:s + batch_size]
-        L = max(map(len, chunk))
-        ids = torch.zeros(len(chunk), L, dtype=torch.long)
-        attn = torch.zeros(len(chunk), L, dtype=torch.long)
-        for b, q in enumerate(chunk):
-            ids[b, :len(q)] = torch.tensor(q)
-            attn[b, :len(q)] = 1
-        yield {"input_ids": ids, "attention_mask": attn}
+def calibrate_static(model, profiles, tok, train: list[dict], n: int, seed: int) -> dict | None:
+    """Static activation scales for the first profile that needs them (initial weights, training examples: the
+    module docstring), through the shared path (engines.calibration). None when no profile needs them."""
+    for prof in profiles:
+        if prof.needs_calibration:
+            set_profile(model, prof)
+            return calibrate_on_examples(model, tok, train, n=n, seed=seed)
+    return None
 
 
 def _pad_cols(t: torch.Tensor, T: int) -> torch.Tensor:
@@ -131,18 +122,25 @@ def _pad_cols(t: torch.Tensor, T: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, T - t.shape[1])) if t.shape[1] < T else t
 
 
+FINITE_KEYS = ("mismatch/k1", "mismatch/k3", "reward/mean", "actor/entropy", "actor/pg_loss")
+
+
 def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sampler: Sampler, opt, tok,
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns)."""
     B, G = cfg.prompts_per_step, cfg.group_size
-    g = torch.Generator().manual_seed(derive_seed(seed, SEED_TAGS["batch"], step))
+    g = torch.Generator().manual_seed(tagged(seed, "batch", step))
     pick = torch.randperm(len(train), generator=g)[:B].tolist()
     prompts = [train_prompts[i] for i in pick for _ in range(G)]  # (N,) groups contiguous
     answers = [train[i]["answer"] for i in pick for _ in range(G)]
 
     t0 = time.perf_counter()
     roll = sampler.generate(prompts, max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=derive_seed(seed, SEED_TAGS["sample"], step))
+                            seed=tagged(seed, "sample", step),
+                            record_routes=learner.profile.routing_replay)
+
+    def routes(sl):  # the sampler's routes of these rows, replayed by an R3 learner (None: nothing recorded)
+        return None if roll.routes is None else roll.routes[sl]
     t_sample = time.perf_counter() - t0
     rewards = torch.tensor([reward(decode_response(tok, r), a, cfg.format_credit)
                             for r, a in zip(roll.response_ids, answers)], device=learner.device)
@@ -156,7 +154,8 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
         # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
         parts = [learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
-                                  top_p=cfg.top_p, with_entropy=True, with_argmax=True) for sl in slices]
+                                  top_p=cfg.top_p, with_entropy=True, with_argmax=True, routes=routes(sl))
+                 for sl in slices]
     T = rp["mask"].shape[1]
     logp_old, entropy, mask, argmax_l = (torch.cat([_pad_cols(p[i], T) for p in parts]) for i in range(4))
     if not torch.equal(mask, rp["mask"]):
@@ -165,23 +164,8 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     row.update(mismatch_metrics(logp_old, rp["logprobs"], mask, argmax_learner=argmax_l,
                                 argmax_sampler=rp["argmax_ids"], cap=cfg.correction_cap))
 
-    model.train()
-    actor: dict[str, list[float]] = {}
-    grad_norms = []
-    for k, sl in enumerate(slices):
-        learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
-        logp_new, _, _ = learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
-                                          top_p=cfg.top_p, grad=True)
-        T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
-        loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
-                                correction=correction, logp_sampler=rp["logprobs"][sl, :T],
-                                cap=cfg.correction_cap)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
-        opt.step()
-        for key, v in met.items():
-            actor.setdefault(key, []).append(float(v))
+    grad_norms, actor = _update(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
+                                mask, rp["logprobs"], correction, routes)
     t_learn = time.perf_counter() - t1
 
     n_tok = int(mask.sum())
@@ -201,87 +185,127 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
         "timing/sample_tokens_per_s": roll.num_tokens / t_sample,
         "timing/learn_tokens_per_s": n_tok / t_learn,  # old-logp recompute + update: a complete learner step
     })
+    bad = [k for k in FINITE_KEYS if not math.isfinite(row[k])]
+    if bad:  # one check per step, on numbers the step has synced anyway
+        raise ValueError(f"rl step {step}: non-finite {', '.join(f'{k}={row[k]}' for k in bad)} (the learner or "
+                         "sampler log-probs hold inf/NaN)")
     return row
 
 
-def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
-          learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
-          experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
-          stop_after: int | None = None) -> dict:
-    """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
-    call, leaving a checkpoint (tests use it as a kill)."""
-    out = Path(out)
-    state_dir = Path(state_dir) if state_dir is not None else out / "state"
-    out.mkdir(parents=True, exist_ok=True)
+def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_old, adv, mask, logp_sampler,
+            correction, routes) -> tuple[list[float], dict[str, list[float]]]:
+    """The PPO update of one RL step, one optimizer step per mini-batch slice -> (grad norms, actor metrics).
+    routes(slice): the sampler's routes of those rows (replayed by an R3 learner) or None.
+    Stops before an optimizer step whose loss or gradient norm is not finite."""
+    model.train()
+    actor: dict[str, list[float]] = {}
+    grad_norms = []
+    for k, sl in enumerate(slices):
+        learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
+        logp_new, _, _ = learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature,
+                                          top_p=cfg.top_p, grad=True, routes=routes(sl))
+        T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
+        loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
+                                correction=correction, logp_sampler=logp_sampler[sl, :T], cap=cfg.correction_cap)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        loss_f = float(loss.detach())  # (synced by the metrics below anyway)
+        if not (math.isfinite(grad_norm) and math.isfinite(loss_f)):
+            raise ValueError(f"rl step {step}, mini-batch {k}: non-finite loss {loss_f} or gradient norm "
+                             f"{grad_norm}; lower rl.lr or check the learner profile")
+        opt.step()
+        grad_norms.append(grad_norm)
+        for key, v in met.items():
+            actor.setdefault(key, []).append(float(v))
+    return grad_norms, actor
+
+
+@dataclass
+class _GRPO:
+    """Everything one GRPO run works with (built once by `_setup`)."""
+
+    cfg: RLConfig
+    learner: Learner
+    sampler: Sampler
+    opt: torch.optim.Optimizer
+    tok: object
+    train: list
+    train_prompts: list
+    eval_set: list
+    max_new: int
+    correction: str | None
+    name: str
+    run_cfg: dict
+
+
+def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device) -> _GRPO:
     correction = parse_correction(correction)
     L, S = get_profile(learner_profile), get_profile(sampler_profile)
     if L.quantized and L.grad is None:
         raise ValueError(f"learner profile {L.name!r} has no backward (grad=None): it is a sampler profile")
+    model = load_pretrained(pretrained, dtype=torch.float32, device=device)  # names a missing / damaged checkpoint
     tok = load_tokenizer(Path(pretrained))
     train_set, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")
-    train_prompts, _ = encode(tok, train_set)
-    eval_set = eval_subset(heldout, cfg.eval_per_level)
-    max_new = cfg.max_new_tokens or max_response_tokens(train_set + heldout)
-
-    model = load_pretrained(pretrained, dtype=torch.float32, device=device)
-    calibrated = False
-    for prof in (S, L):
-        if prof.needs_calibration and not calibrated:  # once, initial weights, training data (module docstring)
-            set_profile(model, prof)
-            calibrate(model, [{k: v.to(device) for k, v in b.items()} for b in
-                              calibration_batches(tok, train_set, cfg.calibration_examples, seed)])
-            calibrated = True
-    learner = Learner(model, L, seed=derive_seed(seed, SEED_TAGS["learner"]))
-    engine = resolve_engine(None, device)  # fast (CUDA graphs) on the GPU, the reference on CPU ($MINITE_SAMPLER)
-    sampler = make_sampler(model, S, engine=engine)
+    calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
+    engine = resolve_engine(None, device)  # fast (CUDA graphs) on the GPU, the reference on CPU (--sampler-engine)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
                "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
-    resumed = resume_or_fresh(state_dir, model=model, optimizer=opt, config=run_cfg)
-    step = resumed["step"] if resumed else 0
-    extra = resumed["extra"] if resumed else {}
-    log = StepLog(state_dir / "metrics.csv")
-    if resumed:
-        log.truncate(step)
-    else:
-        log.path.unlink(missing_ok=True)
-        log = StepLog(log.path)
-        extra["eval_initial"] = greedy_accuracy(model, S, tok, eval_set, max_new_tokens=max_new)
-    eval_keys = ["eval/acc"] + [f"eval/{k}" for k in extra["eval_initial"] if k != "acc"]
+    return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), make_sampler(model, S, engine=engine), opt,
+                 tok, train_set, encode(tok, train_set)[0], eval_subset(heldout, cfg.eval_per_level),
+                 cfg.max_new_tokens or max_response_tokens(train_set + heldout), correction,
+                 run_name(L.name, S.name, correction), run_cfg)
 
-    bar = tqdm(total=cfg.steps, initial=step, desc=run_name(L.name, S.name, correction), disable=not progress,
-               mininterval=2.0)
-    steps_this_call = 0
-    while step < cfg.steps:
-        step += 1
-        row = rl_step(step, cfg=cfg, seed=seed, model=model, learner=learner, sampler=sampler, opt=opt, tok=tok,
-                      train=train_set, train_prompts=train_prompts, correction=correction, max_new=max_new)
-        row.update({k: None for k in eval_keys})
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            ev = greedy_accuracy(model, S, tok, eval_set, max_new_tokens=max_new)
-            row.update({f"eval/{k}": v for k, v in ev.items()})
-            extra["eval_last"] = ev
-        log.append(row)
-        bar.update(1)
-        bar.set_postfix(reward=f"{row['reward/mean']:.2f}", k3=f"{row['mismatch/k3']:.1e}", refresh=False)
-        steps_this_call += 1
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            save_state(state_dir, step=step, model=model, optimizer=opt, config=run_cfg, extra=extra)
-        if stop_after is not None and steps_this_call >= stop_after and step < cfg.steps:
-            save_state(state_dir, step=step, model=model, optimizer=opt, config=run_cfg, extra=extra)
-            bar.close()
-            return {"stopped_at": step}
-    bar.close()
 
-    shutil.copyfile(log.path, out / "metrics.csv")
-    save_pretrained(model, out / FINAL, dtype=torch.float32)
-    save_tokenizer(tok, out / FINAL)
-    metrics = summarize(log.rows(), extra)
-    write_result(out / "summary.json", stage="rl", experiment=experiment, config=run_cfg, metrics=metrics,
-                 run=run_name(L.name, S.name, correction))
-    return metrics
+def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
+          learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
+          experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
+          stop_after: int | None = None, restart: bool = False) -> dict:
+    """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
+    call, leaving a checkpoint (tests use it as a kill); ``restart`` discards the resume state."""
+    out = Path(out)
+    state_dir = Path(state_dir) if state_dir is not None else out / "state"
+    out.mkdir(parents=True, exist_ok=True)
+    run = _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device)
+    model, S = run.learner.model, run.sampler.profile
+    with RunLock(state_dir):  # one writer per run directory
+        step, extra, log = resume(state_dir, model=model, optimizer=run.opt, config=run.run_cfg,
+                                  log_name="metrics.csv", restart=restart)
+        if step == 0:
+            extra["eval_initial"] = greedy_accuracy(model, S, run.tok, run.eval_set, max_new_tokens=run.max_new)
+        eval_keys = ["eval/acc"] + [f"eval/{k}" for k in extra["eval_initial"] if k != "acc"]
+        bar = tqdm(total=cfg.steps, initial=step, desc=run.name, disable=not progress, mininterval=2.0)
+        steps_this_call = 0
+        while step < cfg.steps:
+            step += 1
+            row = rl_step(step, cfg=cfg, seed=seed, model=model, learner=run.learner, sampler=run.sampler,
+                          opt=run.opt, tok=run.tok, train=run.train, train_prompts=run.train_prompts,
+                          correction=run.correction, max_new=run.max_new)
+            row.update({k: None for k in eval_keys})
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                ev = greedy_accuracy(model, S, run.tok, run.eval_set, max_new_tokens=run.max_new)
+                row.update({f"eval/{k}": v for k, v in ev.items()})
+                extra["eval_last"] = ev
+            log.append(row)
+            bar.update(1)
+            steps_this_call += 1
+            killed = stop_after is not None and steps_this_call >= stop_after and step < cfg.steps
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps or killed:
+                save_state(state_dir, step=step, model=model, optimizer=run.opt, config=run.run_cfg, extra=extra)
+            if killed:
+                bar.close()
+                return {"stopped_at": step}
+        bar.close()
+        atomic_write_bytes(out / "metrics.csv", log.path.read_bytes())
+        save_pretrained(model, out / FINAL, dtype=torch.float32)
+        save_tokenizer(run.tok, out / FINAL)
+        metrics = summarize(log.rows(), extra)
+        write_result(out / "summary.json", stage="rl", experiment=experiment, config=run.run_cfg, metrics=metrics,
+                     run=run.name)
+        return metrics
 
 
 def summarize(rows: list[dict[str, str]], extra: dict) -> dict:
@@ -321,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, restart=args.restart)
     print(f"rl: {metrics['steps']} steps, reward {metrics['reward_first_quarter']:.3f} -> "
           f"{metrics['reward_last_quarter']:.3f}, held-out {metrics['heldout_acc_initial']:.3f} -> "
           f"{metrics['heldout_acc_final']:.3f}, k3 mean {metrics.get('mismatch/k3_mean', math.nan):.2e}")

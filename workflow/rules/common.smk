@@ -1,30 +1,19 @@
-# Shared helpers for the rules: paths and config lookups.
+# Shared by the rules: how every rule passes its config to its command — the same way everywhere:
+#   params: run=RUN (--experiment --seed --device --kernels), config=<the stage's config section as JSON>
+#   shell:  minite <command> <inputs/outputs> {params.run} --config-json {params.config:q} > {log} 2>&1
+# (minite_core/experiment.py builds both; minite_core/runs/cli.py reads them.)
+from pathlib import Path
 
+from minite_core.experiment import (
+    gpu_slots,
+    input_path,
+    rl_runs,
+    run_options,
+    section_json,
+)
 
-def cfg(*keys):
-    """config lookup by path, e.g. cfg("quant_error", "rows")."""
-    node = config
-    for key in keys:
-        node = node[key]
-    return node
-
-
-def kernels_env():
-    """`MINITE_KERNELS=<backend> ` for the shell of GPU stages when config `kernels` pins one (auto = dispatch's
-    choice: native on sm_100+, triton on other GPUs, reference on CPU)."""
-    backend = config.get("kernels", "auto")
-    return "" if backend == "auto" else f"MINITE_KERNELS={backend} "
-
-
-KERNELS_ENV = kernels_env()
-
-
-def sampler_env():
-    """`MINITE_SAMPLER=<engine> ` when config `sampler_engine` pins the rollout engine of the rl / diagnostics /
-    eval / pretrain stages (auto = engines.make_sampler's choice: fast CUDA-graph sampler on the GPU, reference
-    on CPU)."""
-    engine = config.get("sampler_engine", "auto")
-    return "" if engine == "auto" else f"MINITE_SAMPLER={engine} "
-
-
-KERNELS_ENV += sampler_env()  # the stages' engine environment: kernel backend and sampler engine
+ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda: optional)
+RUN = run_options(config)
+GPU = gpu_slots(
+    config
+)  # one slot of the shared GPU per small job on CUDA (`--resources gpu=<gpu_slots>`)

@@ -1,6 +1,5 @@
 # Stage: the RL task's data — train / held-out JSONL of the arithmetic task + the character-level tokenizer
-# (minite_core.rl.data; `minite data`). Deterministic in (config `data:`, `seed`).
-import json
+# (minite_core.task.data; `minite data`). Deterministic in (config `data:`, `seed`).
 
 
 rule data:
@@ -11,10 +10,11 @@ rule data:
         json=f"{RESULTS}/data/data.json",
     log:
         f"{RESULTS}/logs/data.log",
+    conda:
+        ENV
     params:
-        out=f"{RESULTS}/data",
-        cfg=json.dumps(config.get("data", {})),
-        seed=cfg("seed"),
+        out=lambda wildcards, output: str(Path(output.json).parent),
+        run=run_options(config, compute=False),
+        config=section_json(config, "data"),
     shell:
-        "minite data --out {params.out} --seed {params.seed} --config-json {params.cfg:q} "
-        "--experiment {EXP} > {log} 2>&1"
+        "minite data --out {params.out} {params.run} --config-json {params.config:q} > {log} 2>&1"

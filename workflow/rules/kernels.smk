@@ -1,16 +1,15 @@
-# Stage: NVFP4 numerics — quantization error of every quantizer variant.
+# Stage: NVFP4 numerics — quantization error of every quantizer variant (`minite quant-error`).
 
 
 rule quant_error:
     output:
         json=f"{RESULTS}/quant_error/sqnr.json",
-        table=f"{RESULTS}/quant_error/sqnr.md",
     log:
         f"{RESULTS}/logs/quant_error.log",
+    conda:
+        ENV
     params:
-        rows=cfg("quant_error", "rows"),
-        cols=cfg("quant_error", "cols"),
-        seed=cfg("seed"),
+        run=RUN,
+        config=section_json(config, "quant_error"),
     shell:
-        "minite quant-error --rows {params.rows} --cols {params.cols} --seed {params.seed} "
-        "--experiment {EXP} --out {output.json} --markdown {output.table} > {log} 2>&1"
+        "minite quant-error --out {output.json} {params.run} --config-json {params.config:q} > {log} 2>&1"

@@ -2,7 +2,6 @@
 # (minite_core.rl.pretrain; `minite pretrain`). Every RL run starts from this one checkpoint.
 # Resume state lives in {RESULTS}/pretrain/state/, outside the outputs: Snakemake's cleanup of a failed or
 # killed job leaves it, and the rerun continues from the last checkpoint.
-import json
 
 
 rule pretrain:
@@ -18,17 +17,16 @@ rule pretrain:
         f"{RESULTS}/logs/pretrain.log",
     benchmark:
         f"{RESULTS}/benchmarks/pretrain.tsv"
+    conda:
+        ENV
     threads: 1  # tiny CPU GEMMs: a second OpenMP thread only spins (measured 20x slower on a loaded 2-core box)
     resources:
-        gpu=1 if config.get("device", "cpu") == "cuda" else 0,
+        gpu=GPU,
     params:
-        data=f"{RESULTS}/data",
-        out=f"{RESULTS}/pretrain",
-        state=f"{RESULTS}/pretrain/state",
-        cfg=json.dumps(config.get("pretrain", {})),
-        seed=cfg("seed"),
-        device=config.get("device", "cpu"),
+        data=lambda wildcards, input: str(Path(input.train).parent),
+        out=lambda wildcards, output: str(Path(output.json).parent),
+        run=RUN,
+        config=section_json(config, "pretrain"),
     shell:
-        KERNELS_ENV + "minite pretrain --data {params.data} --out {params.out} --state {params.state} "
-        "--seed {params.seed} --device {params.device} --config-json {params.cfg:q} --threads {threads} "
-        "--experiment {EXP} > {log} 2>&1"
+        "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
+        "--no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"

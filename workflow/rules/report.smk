@@ -9,10 +9,18 @@ rule report:
         pretrain=rules.pretrain.output.json,
         diagnostics=rules.diagnostics.output.json,
         rl_figures=rules.rl_figures.output.png,
-        eval_table=rules.eval_table.output.table,
+        eval=expand(
+            rules.eval_checkpoint.output.json, run=EVAL_RUNS, profile=EVAL_PROFILES
+        ),
     output:
-        report=report(f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"),
+        report=report(
+            f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"
+        ),
     log:
         f"{RESULTS}/logs/report.log",
+    conda:
+        ENV
+    params:
+        results=lambda wildcards, output: str(Path(output.report).parent),
     shell:
-        "minite report --results {RESULTS} --out {output.report} > {log} 2>&1"
+        "minite report --results {params.results} --out {output.report} > {log} 2>&1"

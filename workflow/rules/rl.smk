@@ -5,27 +5,9 @@
 # (or the string "learner:sampler[:correction]"). Run name = `{learner}__{sampler}__{correction}`; outputs under
 # {RESULTS}/rl/{run}/: metrics.csv (one row per step), summary.json (stage "rl"), final/ (transformers checkpoint
 # for lm-eval). Resume state in {RESULTS}/rl/{run}/state/ (not an output: survives a killed job).
-import json
 import re
-from pathlib import Path
 
-from minite_core.rl.train import parse_correction, run_name
-
-
-def rl_runs():
-    """{run name: {"learner", "sampler", "correction"}} from config `rl.runs`, in config order."""
-    runs = {}
-    for entry in config.get("rl", {}).get("runs", []):
-        if isinstance(entry, str):
-            learner, sampler, *rest = entry.split(":")
-            entry = {"learner": learner, "sampler": sampler, "correction": rest[0] if rest else "none"}
-        spec = {"learner": entry["learner"], "sampler": entry["sampler"],
-                "correction": parse_correction(entry.get("correction")) or "none"}
-        runs[run_name(spec["learner"], spec["sampler"], spec["correction"])] = spec
-    return runs
-
-
-RL_RUNS = rl_runs()
+RL_RUNS = rl_runs(config)
 
 
 rule rl:
@@ -43,23 +25,23 @@ rule rl:
         f"{RESULTS}/benchmarks/rl/{{run}}.tsv"
     wildcard_constraints:
         run="|".join(re.escape(name) for name in RL_RUNS) or "(?!)",
+    conda:
+        ENV
     threads: 1  # see pretrain.smk: tiny CPU GEMMs do not scale; the 2 smoke cores run two pairs at once
     resources:
-        gpu=1 if config.get("device", "cpu") == "cuda" else 0,
+        gpu=GPU,
     params:
-        data=f"{RESULTS}/data",
-        out=lambda wildcards: f"{RESULTS}/rl/{wildcards.run}",
+        data=lambda wildcards, input: str(Path(input.train).parent),
+        out=lambda wildcards, output: str(Path(output.summary).parent),
         learner=lambda wildcards: RL_RUNS[wildcards.run]["learner"],
         sampler=lambda wildcards: RL_RUNS[wildcards.run]["sampler"],
         correction=lambda wildcards: RL_RUNS[wildcards.run]["correction"],
-        cfg=json.dumps({k: v for k, v in config.get("rl", {}).items() if k != "runs"}),
-        seed=cfg("seed"),
-        device=config.get("device", "cpu"),
+        run=RUN,
+        config=section_json(config, "rl", drop=("runs",)),
     shell:
-        KERNELS_ENV + "minite rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} "
+        "minite rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} "
         "--learner {params.learner} --sampler {params.sampler} --correction {params.correction} "
-        "--seed {params.seed} --device {params.device} --config-json {params.cfg:q} --threads {threads} "
-        "--experiment {EXP} > {log} 2>&1"
+        "--threads {threads} --no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"
 
 
 rule rl_figures:
@@ -67,10 +49,18 @@ rule rl_figures:
         summaries=expand(rules.rl.output.summary, run=RL_RUNS),
         metrics=expand(rules.rl.output.metrics, run=RL_RUNS),
     output:
-        png=report(f"{RESULTS}/rl/curves.png", caption="../report/rl_curves.rst", category="RL"),
+        png=report(
+            f"{RESULTS}/rl/curves.png",
+            caption="../report/rl_curves.rst",
+            category="RL",
+        ),
     log:
         f"{RESULTS}/logs/rl/figures.log",
+    conda:
+        ENV
     params:
-        runs=lambda wildcards, input: " ".join(str(Path(s).parent) for s in input.summaries),
+        runs=lambda wildcards, input: " ".join(
+            str(Path(s).parent) for s in input.summaries
+        ),
     shell:
         "python -m minite_core.rl.figures --runs {params.runs} --out {output.png} > {log} 2>&1"

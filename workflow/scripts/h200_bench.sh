@@ -13,8 +13,8 @@ echo "== gpu tests"
 timeout "${TEST_S:-150}" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?"; tail -4 "$OUT/gpu-tests.log"
 echo "== learner bench"
-timeout "${LEARNER_S:-240}" python3 -m minite_core.cli bench learner --config h200 --experiment h200 \
-    --out "$OUT/learner.json" --csv "$OUT/learner.csv" --markdown "$OUT/learner.md" ${LEARNER_ARGS:-} \
+timeout "${LEARNER_S:-240}" python3 -m minite_core.cli bench learner --config h200 --experiment h200 --device cuda \
+    --out "$OUT/learner.json" --csv "$OUT/learner.csv" ${LEARNER_ARGS:-} \
     > "$OUT/learner.log" 2>&1
 echo "learner exit $?"; tail -12 "$OUT/learner.log"
 echo "== kernel bench"

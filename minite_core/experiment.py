@@ -1,0 +1,200 @@
+"""An experiment config (experiments/*.yaml) checked when the DAG is parsed, so `snakemake -n` rejects what would
+otherwise fail only when a job runs, after the jobs upstream of it spent their time.
+
+Two passes, each error one line naming the key path (`config: rl.runs[1].learner: ...`):
+1. the JSON schema (workflow/schemas/config.schema.yaml), error by error — not snakemake's `validate`, whose
+   message prints the whole schema for a misspelled top-level key;
+2. semantic checks the schema cannot express: profile names exist (and a learner profile has a backward), the
+   model shape is one the model and the NVFP4 GEMMs accept (GQA divides the heads, K dims are multiples of 16,
+   top-k <= experts), divisibility (`rl.mini_batches`, `quant_error.rows` with 16x16 blocks), enough task
+   prompts for what the stages ask, no two RL runs with one name, eval runs that exist.
+Also the rules' shared helpers: the RL runs of the config and a stage's config section as JSON.
+
+This module is imported by the Snakefile, so it imports nothing heavy (no model, no kernels).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from minite_core.profiles import PROFILES
+from minite_core.rl.grpo import parse_correction, run_name
+from minite_core.task.arithmetic import LEVEL_INDEX, prompt_space_size
+
+BENCH_CONFIGS = ("tiny", "h200")  # bench.learner.CONFIGS (named here: importing the bench loads the model)
+
+
+def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
+    """One line per schema violation: `config: <key path>: <reason>`."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    out = []
+    for err in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        path = _path(err.absolute_path)
+        message = err.message if len(err.message) < 300 else err.message[:300] + "..."
+        out.append(f"config: {path + ': ' if path else ''}{message}")
+    return out
+
+
+def _path(parts) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def rl_runs(config: dict) -> dict[str, dict]:
+    """{run name: {"learner", "sampler", "correction"}} from config `rl.runs` (dicts or "l:s[:correction]")."""
+    runs = {}
+    for entry in config.get("rl", {}).get("runs", []):
+        if isinstance(entry, str):
+            learner, sampler, *rest = entry.split(":")
+            entry = {"learner": learner, "sampler": sampler, "correction": rest[0] if rest else "none"}
+        spec = {"learner": entry["learner"], "sampler": entry["sampler"],
+                "correction": parse_correction(entry.get("correction")) or "none"}
+        runs[run_name(spec["learner"], spec["sampler"], spec["correction"])] = spec
+    return runs
+
+
+def section_json(config: dict, section: str, drop=()) -> str:
+    """A stage's config section as the JSON its command takes with --config-json (DAG-only keys dropped)."""
+    return json.dumps({k: v for k, v in config.get(section, {}).items() if k not in drop})
+
+
+def gpu_slots(config: dict) -> int:
+    """GPU slots of a small GPU job: one of the shared GPU's `gpu_slots` on CUDA, none on CPU."""
+    return 1 if config["device"] == "cuda" else 0
+
+
+def input_path(config: dict, section: str, key: str, default):
+    """A config path that names a rule input (`diagnostics.checkpoint`), or the DAG's own file when null."""
+    return config[section][key] or default
+
+
+def run_options(config: dict, *, kernels: str | None = None, compute: bool = True) -> str:
+    """The run options of a stage command (runs.cli.add_common_args), from the top-level keys; `kernels`
+    overrides config `kernels`; compute=False: only --experiment / --seed (`minite data` runs no model)."""
+    opts = f"--experiment {config['experiment']} --seed {config['seed']}"
+    if compute:
+        opts += (f" --device {config['device']} --kernels {kernels or config['kernels']}"
+                 f" --sampler-engine {config.get('sampler_engine', 'auto')}")
+    return opts
+
+
+# ---- semantic checks -----------------------------------------------------------------------------------------
+def _profile(errors, path, name, *, learner=False):
+    p = PROFILES.get(name)
+    if p is None:
+        errors.append(f"config: {path}: unknown profile {name!r}; registered: {', '.join(sorted(PROFILES))}")
+    elif learner and p.quantized and p.grad is None:
+        errors.append(f"config: {path}: profile {name!r} has no backward (grad=None): it cannot be a learner")
+
+
+def _pair(errors, path, spec):
+    learner_name, _, sampler_name = spec.partition(":")
+    _profile(errors, path, learner_name)
+    _profile(errors, path, sampler_name)
+
+
+def _check_profiles(config, errors):
+    for i, entry in enumerate(config.get("rl", {}).get("runs", [])):
+        if isinstance(entry, str):
+            parts = entry.split(":")
+            entry = {"learner": parts[0], "sampler": parts[1] if len(parts) > 1 else ""}
+        _profile(errors, f"rl.runs[{i}].learner", entry.get("learner"), learner=True)
+        _profile(errors, f"rl.runs[{i}].sampler", entry.get("sampler"))
+    d = config.get("diagnostics", {})
+    for i, pair in enumerate(d.get("pairs", [])):
+        _pair(errors, f"diagnostics.pairs[{i}]", pair)
+    if "attribution_base" in d:
+        _pair(errors, "diagnostics.attribution_base", d["attribution_base"])
+    for key in ("throughput", "eval"):
+        for i, name in enumerate(config.get(key, {}).get("profiles", [])):
+            _profile(errors, f"{key}.profiles[{i}]", name, learner=key == "throughput")
+    if "profile" in config.get("pretrain", {}):
+        _profile(errors, "pretrain.profile", config["pretrain"]["profile"], learner=True)
+
+
+def _check_model(config, errors):
+    p = config["pretrain"]
+    if p["num_attention_heads"] % p["num_key_value_heads"]:
+        errors.append(f"config: pretrain.num_key_value_heads: {p['num_key_value_heads']} does not divide "
+                      f"num_attention_heads={p['num_attention_heads']} (GQA groups query heads evenly)")
+    if p["head_dim"] % 2:
+        errors.append(f"config: pretrain.head_dim: {p['head_dim']} must be even (RoPE rotates pairs)")
+    if (p["num_attention_heads"] * p["head_dim"]) % 16:
+        errors.append(f"config: pretrain.head_dim: num_attention_heads * head_dim = "
+                      f"{p['num_attention_heads'] * p['head_dim']} must be a multiple of 16 (o_proj's NVFP4 K)")
+    if p["num_experts_per_tok"] > p["num_experts"]:
+        errors.append(f"config: pretrain.num_experts_per_tok: {p['num_experts_per_tok']} > num_experts="
+                      f"{p['num_experts']}")
+    lo, hi = p["target_accuracy"]
+    if lo > hi:
+        errors.append(f"config: pretrain.target_accuracy: low {lo} > high {hi}")
+
+
+def _check_sizes(config, errors):
+    rl = config["rl"]
+    n = rl["prompts_per_step"] * rl["group_size"]
+    if n % rl["mini_batches"]:
+        errors.append(f"config: rl.mini_batches: {rl['mini_batches']} does not divide prompts_per_step * "
+                      f"group_size = {n}")
+    rows = config["quant_error"]["rows"]
+    if rows % 16:
+        errors.append(f"config: quant_error.rows: {rows} is not a multiple of 16 (the survey includes 16x16 blocks)")
+    data = config["data"]
+    for level in data["levels"]:
+        need = data["n_train_per_level"] + data["n_heldout_per_level"]
+        if level in LEVEL_INDEX and need > prompt_space_size(level):
+            errors.append(f"config: data.n_train_per_level: level {level} has {prompt_space_size(level)} distinct "
+                          f"prompts, train + held-out ask for {need}")
+    d = config["diagnostics"]
+    heldout = data["n_heldout_per_level"] * len(data["levels"])
+    if not d["prompts"] and d["num_prompts"] > heldout:
+        errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {heldout} held-out prompts of "
+                      "the data stage")
+
+
+def _check_runs(config, errors):
+    names = {}
+    for i, entry in enumerate(config.get("rl", {}).get("runs", [])):
+        try:
+            name = next(iter(rl_runs({"rl": {"runs": [entry]}})))
+        except (ValueError, KeyError, StopIteration) as e:
+            errors.append(f"config: rl.runs[{i}]: {e}")
+            continue
+        if name in names:
+            errors.append(f"config: rl.runs[{i}]: run {name} is also rl.runs[{names[name]}] (one name, one run)")
+        names.setdefault(name, i)
+    for i, name in enumerate(config.get("eval", {}).get("runs", [])):
+        if name not in names:
+            errors.append(f"config: eval.runs[{i}]: {name!r} is not a run of rl.runs ({', '.join(names) or 'none'})")
+    bench = config.get("throughput", {}).get("config")
+    if bench is not None and bench not in BENCH_CONFIGS and not Path(bench).is_file():
+        errors.append(f"config: throughput.config: {bench!r} is neither {' nor '.join(BENCH_CONFIGS)} nor a JSON file")
+
+
+def semantic_errors(config: dict) -> list[str]:
+    """One line per semantic error (module docstring) of a schema-valid config with its defaults filled in
+    (snakemake's `validate(config, schema)` fills them); [] when the config is runnable."""
+    errors: list[str] = []
+    for check in (_check_profiles, _check_model, _check_sizes, _check_runs):
+        check(config, errors)
+    return errors
+
+
+def check_schema(config: dict, schema_path: str | Path) -> None:
+    """SystemExit with one line per schema error (the Snakefile then fills defaults and runs `check_semantics`)."""
+    _exit(schema_errors(config, schema_path))
+
+
+def check_semantics(config: dict) -> None:
+    _exit(semantic_errors(config))
+
+
+def _exit(errors: list[str]) -> None:
+    if errors:
+        raise SystemExit("invalid experiment config:\n" + "\n".join(errors))

@@ -1,0 +1,159 @@
+"""Layering: every import inside minite_core points DOWN the layer order of DESIGN.md ("imports point down this
+list, never up"), and the CPU path imports without triton.
+
+The order is written once, here (`LAYERS`), as DESIGN.md's layout lists it. DESIGN.md puts diagnostics/, rl/,
+eval/ and bench/ on one line; this test orders them (rl logs nothing from diagnostics, but nothing below may
+import them), so a cycle between siblings cannot form either. Every `import` counts, including the ones inside
+functions: a lazy upward import is still an upward dependency.
+"""
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "minite_core"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("formats",),
+    ("profiles", "results", "seeds"),
+    ("kernels",),
+    ("nn",),
+    ("model",),
+    ("task",),
+    ("engines",),
+    ("runs",),
+    ("peers",),
+    ("diagnostics",),
+    ("rl",),
+    ("eval",),
+    ("bench",),
+    ("report",),
+    ("cli", "experiment"),  # the `minite` dispatcher (imports commands by name); the DAG's config checks
+)
+RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def _unit(module: str) -> str | None:
+    """minite_core.<unit>[.…] -> unit (a subpackage or a top-level module); None outside the package."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "minite_core" and len(parts) > 1 else None
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import statement in the file, at any depth."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((node.lineno, mod))
+            # `from minite_core import x` names a unit through its alias
+            if mod == "minite_core":
+                out += [(node.lineno, f"minite_core.{alias.name}") for alias in node.names]
+    return out
+
+
+def upward_imports() -> list[str]:
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        me = _unit(_module_name(path))
+        if me is None:  # minite_core/__init__.py
+            continue
+        assert me in RANK, f"{path}: unit {me!r} is not in the layer order of tests/test_layers.py (DESIGN.md)"
+        for line, mod in _imports(path):
+            dep = _unit(mod)
+            if dep is None or dep == me:
+                continue
+            assert dep in RANK, f"{path}:{line}: imports {mod}, whose unit {dep!r} is not in the layer order"
+            if RANK[dep] > RANK[me]:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {me} imports {mod} (layer {dep} is above {me})")
+    return bad
+
+
+def test_every_import_points_down():
+    bad = upward_imports()
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_report_reads_only_the_results_contract():
+    """report/ builds tables from results files: it may use results.py and the profile names, no stage code."""
+    allowed = {"report", "results", "profiles"}
+    bad = [f"{p.relative_to(ROOT)}:{line}: {mod}" for p in sorted((PACKAGE / "report").rglob("*.py"))
+           for line, mod in _imports(p) if _unit(mod) is not None and _unit(mod) not in allowed]
+    assert not bad, "report/ imports stage code:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
+    """The test above can fail: a planted upward import (formats -> report), also inside a function, is found."""
+    fake = tmp_path / "minite_core" / "formats"
+    fake.mkdir(parents=True)
+    (fake / "planted.py").write_text("def f():\n    from minite_core.report import build\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "minite_core")
+    bad = upward_imports()
+    assert len(bad) == 1 and "formats imports minite_core.report" in bad[0]
+
+
+_NO_TRITON = textwrap.dedent('''
+    """Stand-in for a machine without triton (the README's main command installs no triton)."""
+    raise ImportError("triton is not installed (blocked by tests/test_layers.py)")
+''')
+
+
+def _without_triton_env(tmp_path) -> dict:
+    (tmp_path / "triton.py").write_text(_NO_TRITON)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def test_cpu_path_imports_without_triton(tmp_path):
+    """Issue 14 item 1: nothing on the CPU path imports triton. Every minite_core module except the Triton kernel
+    files themselves must import with triton unimportable (kernels/dispatch.py imports them only when a Triton
+    backend is chosen), and `snakemake -n` must parse the DAG."""
+    kernel_files = {f"minite_core.kernels.{name}" for name in ("gemm", "grouped", "quantize", "quantize_cols", "decode")}
+    modules = sorted(_module_name(p) for p in PACKAGE.rglob("*.py"))
+    modules = [m for m in modules if m not in kernel_files]
+    code = textwrap.dedent(f"""
+        import importlib, sys
+        failed = []
+        for name in {modules!r}:
+            try:
+                importlib.import_module(name)
+            except ImportError as e:
+                if "triton" in str(e):
+                    failed.append(f"{{name}}: {{e}}")
+        if failed:
+            sys.exit("modules that need triton at import time:\\n" + "\\n".join(failed))
+    """)
+    env = _without_triton_env(tmp_path)
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "all"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
+
+
+@pytest.mark.parametrize("unit", sorted(RANK))
+def test_layer_units_exist(unit):
+    assert (PACKAGE / unit).is_dir() or (PACKAGE / f"{unit}.py").is_file(), f"{unit} is in LAYERS but not in the package"

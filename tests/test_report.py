@@ -1,0 +1,44 @@
+"""The report's diagnostics table (report/build.py) shows full-vocabulary KL, max |Δ|, routing agreement (n/a on
+a dense model, never 0) and the mismatch budget next to the measured k3, from the results file alone."""
+from __future__ import annotations
+
+from minite_core.report.build import section_mismatch
+from minite_core.results import write_result
+
+
+def _pair(k3, kl, routing):
+    return {"mismatch/k3": k3, "mismatch/kl_full_vocab": kl, "mismatch/max_abs_delta": 2.5, "mismatch/tokens": 10,
+            **routing}
+
+
+def test_mismatch_section_shows_kl_routing_and_budget(tmp_path):
+    moe = {"routing/applies": True, "routing/topk_disagree": 0.125, "routing/first_divergent_layer": 3,
+           "routing/replayed": False}
+    r3 = {"routing/applies": True, "routing/topk_disagree": 0.0, "routing/first_divergent_layer": None,
+          "routing/replayed": True, "routing/router_topk_disagree": 0.25}
+    dense = {"routing/applies": False, "routing/topk_disagree": None, "routing/first_divergent_layer": None}
+    metrics = {"te-nvfp4:vllm-nvfp4": _pair(0.5, 0.75, moe), "te-nvfp4-r3:vllm-nvfp4": _pair(0.25, 0.375, r3),
+               "bf16:bf16": _pair(1e-5, 2e-5, dense)}
+    budget = [{"pair": "bf16:bf16", "k3_budget": 1e-3, "k3": 1e-5, "pass": True, "first_divergence": None},
+              {"pair": "te-nvfp4:vllm-nvfp4", "k3_budget": 1e-3, "k3": 0.5, "pass": False,
+               "first_divergence": {"op": "model.layers.0.self_attn.q_proj", "rel_err": 0.2, "sut_mode": "decode"}}]
+    write_result(tmp_path / "diagnostics" / "mismatch.json", stage="diagnostics", experiment="t",
+                 config={"num_prompts": 2}, metrics=metrics, by_position={}, trace=None, attribution=None,
+                 budget=budget)
+    text = section_mismatch(tmp_path)
+    header = next(line for line in text.splitlines() if line.startswith("| pair"))
+    assert "kl_full_vocab" in header and "max_abs_delta" in header and "routing top-k disagree" in header
+    naive = next(line for line in text.splitlines() if line.startswith("| naive Blackwell stack (TE"))
+    assert "| 0.750 |" in naive and "| 0.125 | 3 |" in naive
+    assert "| 0.000 (replayed; router alone 0.250) | none |" in text
+    dense_row = next(line for line in text.splitlines() if line.startswith("| BF16"))
+    assert dense_row.count("n/a (dense)") == 2
+    assert "| **FAIL** | model.layers.0.self_attn.q_proj |" in text and "| pass | – |" in text
+
+
+def test_mismatch_section_without_budget(tmp_path):
+    write_result(tmp_path / "diagnostics" / "mismatch.json", stage="diagnostics", experiment="t", config={},
+                 metrics={"bf16:bf16": {"mismatch/k3": 0.0}}, by_position={})
+    text = section_mismatch(tmp_path)
+    assert "No mismatch budget set" in text
+    assert text.count("| – | – |") >= 1  # a result without routing metrics: dashes, not zeros
