@@ -137,6 +137,31 @@ def test_bad_input_errors_as_the_reference(models):
     assert type(make_sampler(model, "bf16", device="cpu")) is Sampler  # CPU default: the reference
 
 
+def test_engine_choice_process_wide_and_recorded(models, monkeypatch):
+    """--sampler-engine (runs.cli) sets the process-wide engine make_sampler falls back to, and every result's env
+    records it; an argument still wins; unknown names fail naming the choices."""
+    import argparse
+
+    from minite_core import results
+    from minite_core.engines import fast_sampler as fs
+    from minite_core.runs.cli import add_common_args, apply_common_args
+
+    monkeypatch.setattr(fs, "_RUN_ENGINE", None)
+    monkeypatch.setattr(results, "_RUN_ENV", dict(results._RUN_ENV))  # this process's other results unaffected
+    parser = argparse.ArgumentParser()
+    add_common_args(parser)
+    apply_common_args(parser, parser.parse_args(["--sampler-engine", "fast-eager"]))
+    model = models["tiny-dense"]
+    assert type(make_sampler(model, "bf16")) is FastSampler and results.env_info()["sampler_engine"] == "fast-eager"
+    assert type(make_sampler(model, "bf16", engine="reference")) is Sampler
+    fs.set_engine("auto")
+    assert type(make_sampler(model, "bf16")) is Sampler
+    with pytest.raises(ValueError, match="fast-eager"):
+        fs.set_engine("graph")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sampler-engine", "graph"])
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("model_name", ["tiny-dense", "tiny-moe"])
 def test_decode_step_host_syncs(models, model_name, profile):
