@@ -79,8 +79,8 @@ def run_options(config: dict, *, kernels: str | None = None, compute: bool = Tru
     overrides config `kernels`; compute=False: only --experiment / --seed (`minite data` runs no model)."""
     opts = f"--experiment {config['experiment']} --seed {config['seed']}"
     if compute:
-        opts += (f" --device {config['device']} --kernels {kernels or config['kernels']}"
-                 f" --sampler-engine {config.get('sampler_engine', 'auto')}")
+        opts += f" --device {config['device']} --kernels {kernels or config['kernels']}"
+        opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
     return opts
 
 

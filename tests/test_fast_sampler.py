@@ -138,15 +138,15 @@ def test_bad_input_errors_as_the_reference(models):
 
 
 def test_engine_choice_process_wide_and_recorded(models, monkeypatch):
-    """--sampler-engine (runs.cli) sets the process-wide engine make_sampler falls back to, and every result's env
-    records it; an argument still wins; unknown names fail naming the choices."""
+    """--sampler-engine (runs.cli) sets the process's engine ($MINITE_SAMPLER) that make_sampler falls back to, and
+    every result's env records it; an argument still wins; unknown names fail naming the choices."""
     import argparse
 
     from minite_core import results
-    from minite_core.engines import fast_sampler as fs
+    from minite_core.engines.fast_sampler import ENV_VAR
     from minite_core.runs.cli import add_common_args, apply_common_args
 
-    monkeypatch.setattr(fs, "_RUN_ENGINE", None)
+    monkeypatch.setenv(ENV_VAR, "reference")  # restored (unset) after the test, whatever the CLI writes
     monkeypatch.setattr(results, "_RUN_ENV", dict(results._RUN_ENV))  # this process's other results unaffected
     parser = argparse.ArgumentParser()
     add_common_args(parser)
@@ -154,10 +154,11 @@ def test_engine_choice_process_wide_and_recorded(models, monkeypatch):
     model = models["tiny-dense"]
     assert type(make_sampler(model, "bf16")) is FastSampler and results.env_info()["sampler_engine"] == "fast-eager"
     assert type(make_sampler(model, "bf16", engine="reference")) is Sampler
-    fs.set_engine("auto")
-    assert type(make_sampler(model, "bf16")) is Sampler
+    monkeypatch.delenv(ENV_VAR)
+    assert type(make_sampler(model, "bf16")) is Sampler  # auto on CPU
+    monkeypatch.setenv(ENV_VAR, "graph")
     with pytest.raises(ValueError, match="fast-eager"):
-        fs.set_engine("graph")
+        make_sampler(model, "bf16")
     with pytest.raises(SystemExit):
         parser.parse_args(["--sampler-engine", "graph"])
 

@@ -127,10 +127,9 @@ def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts,
     """Sample with `sampler` (recording its routing and its processed log-prob rows), rescore with `learner`
     (replaying that routing when its profile says so) -> (metrics, by_position rows, rollout)."""
     learner, sampler = get_profile(learner), get_profile(sampler)
-    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens,
-                                                    temperature=temperature, top_p=top_p, stop_ids=stop_ids,
-                                                    seed=seed, batch_size=batch_size, record_routes=True,
-                                                    keep_logprob_rows=True)
+    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                    top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size,
+                                                    record_routes=True, keep_logprob_rows=True)
     sc = Learner(model, learner, seed=seed, batch_size=batch_size).score(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
         with_argmax=True, routes=rollout.routes, record_routes=True, sampler_rows=rollout.logprob_rows)

@@ -1,8 +1,8 @@
 """Engines: the learner (full-sequence response log-probs, the numbers the RL loss uses) and the sampler
-(KV-cache batched generation with processed log-probs: the reference loop and the fast static-buffer / CUDA-graph
-decode, `make_sampler` picks one), each running one execution profile on a shared model, and what they share
-(batching, the mismatch metrics, the calibration path). Names resolve lazily (PEP 562), so importing a light
-submodule (engines.mismatch) does not load the model."""
+(KV-cache batched generation with processed log-probs: the reference loop and the fast static-buffer /
+CUDA-graph decode, `make_sampler` picks one), each running one execution profile on a shared model,
+and what they share (batching, the mismatch metrics, the calibration path). Names resolve lazily (PEP 562), so
+importing a light submodule (engines.mismatch) does not load the model."""
 from __future__ import annotations
 
 import importlib

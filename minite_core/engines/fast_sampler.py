@@ -336,23 +336,10 @@ class FastSampler(Sampler):
             return find_host_syncs(self._step, st)
 
 
-_RUN_ENGINE: str | None = os.environ.get(ENV_VAR) or None  # the process-wide choice (runs.cli --sampler-engine)
-
-
-def set_engine(name: str | None) -> None:
-    """The rollout engine of this process for `make_sampler` calls without one (None / "auto" = the default)."""
-    global _RUN_ENGINE
-    name = None if name in (None, "auto") else name
-    if name is not None and name not in ENGINES:
-        raise ValueError(f"unknown sampler engine {name!r}; one of {['auto', *ENGINES]}")
-    _RUN_ENGINE = name
-
-
 def resolve_engine(engine: str | None, device) -> str:
-    """engine, else the process-wide one (set_engine / $MINITE_SAMPLER), else "fast" on CUDA and "reference" on
-    CPU (there both give the same bits — tests/test_fast_sampler.py — and the reference is the readable
-    definition); checked."""
-    name = engine or _RUN_ENGINE or ("fast" if torch.device(device).type == "cuda" else "reference")
+    """engine, else env MINITE_SAMPLER, else "fast" on CUDA and "reference" on CPU (there both give the same
+    bits — tests/test_fast_sampler.py — and the reference is the readable definition); checked."""
+    name = engine or os.environ.get(ENV_VAR) or ("fast" if torch.device(device).type == "cuda" else "reference")
     if name not in ENGINES:
         raise ValueError(f"unknown sampler engine {name!r} (argument or ${ENV_VAR}); one of {list(ENGINES)}")
     return name

@@ -88,6 +88,20 @@ def section_throughput(results: Path) -> str:
     return throughput_section(path if path.exists() else None)
 
 
+def section_kernel_check(results: Path) -> str:
+    res = _load(results / "kernels" / "check.json")
+    head = "## W4A4 kernels: built and checked before use\n\n"
+    if res is None:
+        return head + "_not run_\n"
+    m, c = res["metrics"], res["config"]
+    rows = [[r["kernel"], r["shape"], r["backend"], r["compile_s"], r["max_err"], r["verdict"]] for r in res["rows"]]
+    return (head + f"{m['checks']} checks on `{c['device']}` ({res['env'].get('gpu')}), {m['failed']} failed; the "
+            f"kernels of profiles {', '.join(c['profiles'])}. Codes and scales are compared bitwise with the "
+            f"plain-torch reference, GEMM outputs by relative error (tolerance {c['gemm_tol']:g}: fp32 accumulation "
+            "order); compile = the first call's wall time (Triton JIT; the interpreter on CPU).\n\n"
+            + _table(["kernel", "shape", "backend", "compile (s)", "max error", "verdict"], rows))
+
+
 def section_sampler_throughput(results: Path) -> str:
     path = results / "throughput" / "sampler.json"
     return sampler_section(path if path.exists() else None)
@@ -97,7 +111,8 @@ def section_kernels(results: Path) -> str:
     res = _load(results / "bench" / "kernels.json")
     head = "## Kernel micro-benchmarks (NVFP4 quantize, W4A4 GEMM, decode GEMM)\n\n"
     if res is None:
-        return head + "_not run for this experiment_ (`minite bench kernels`; the H200 run is in results/h200/bench/)\n"
+        return head + ("_not run for this experiment_ (GPU only: the kernels stage runs them on CUDA; the H200 "
+                       "run is in results/h200/bench/)\n")
     rows = [[r["op"], r["shape"], r.get("time_ms"), r.get("baseline"), r.get("baseline_time_ms"), r.get("speedup")]
             for r in res["rows"] if isinstance(r.get("time_ms"), (int, float))]
     return (head + f"Median times on {res['env'].get('gpu')}; each baseline measured in the same run; speedup = "
@@ -271,9 +286,9 @@ def section_peers(results: Path) -> str:
             + summary.read_text().split("\n", 1)[1])  # drop the file's own title
 
 
-SECTIONS = [section_header, section_throughput, section_sampler_throughput, section_kernels, section_quant_error,
-            section_pretrain, section_mismatch, section_trace, section_attribution, section_rl, section_eval,
-            section_peers]
+SECTIONS = [section_header, section_kernel_check, section_throughput, section_sampler_throughput, section_kernels,
+            section_quant_error, section_pretrain, section_mismatch, section_trace, section_attribution, section_rl,
+            section_eval, section_peers]
 
 
 def build(results: Path) -> str:

@@ -1,7 +1,6 @@
 """What every `minite <command>` shares: the run options, how a rule's config reaches a command, one-line errors.
 
-Run options (`add_common_args`): --seed, --experiment, --device, --kernels, --sampler-engine, --threads,
---config-json. Every rule
+Run options (`add_common_args`): --seed, --experiment, --device, --kernels, --sampler-engine, --threads, --config-json. Every rule
 passes its config section the same way, as `--config-json '<JSON>'`: commands whose config is a frozen dataclass
 (`data`, `pretrain`, `rl`) build it with `results.config_from_json`; commands with one flag per option
 (`diagnose`, `eval`, `quant-error`, `bench learner`) read it with `parse_with_config`, which turns each key into the
@@ -9,8 +8,7 @@ default of the flag of the same name (`num_prompts` -> `--num-prompts`, `spec` -
 the command line still win and an unknown key is an error naming it.
 
 `--kernels` picks the kernel backend for the whole process (`kernels.dispatch.set_backend`) and records the
-backend in use in every result's `env` (`results.set_run_env`); `--sampler-engine` the rollout engine the same
-way (`engines.fast_sampler.set_engine`); `--device cuda` without a GPU fails at once.
+backend in use in every result's `env` (`results.set_run_env`); `--device cuda` without a GPU fails at once.
 
 Errors (`run_command`): a command that raises prints `minite <command>: error: <message>` on one line and exits 1
 (argparse's own usage errors exit 2); `--debug` anywhere on the command line or `MINITE_DEBUG=1` shows the
@@ -31,7 +29,6 @@ from minite_core.kernels import dispatch as kernels
 from minite_core.results import config_from_json, set_run_env
 
 KERNEL_CHOICES = ("auto", *kernels.BACKENDS)
-SAMPLER_ENGINE_CHOICES = ("auto", "reference", "fast", "fast-eager")  # engines.fast_sampler.ENGINES + auto
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, config_help: str | None = None) -> None:
@@ -41,8 +38,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, config_help: str | None 
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES,
                         help="kernel backend (auto: native on sm_100+, triton on other GPUs, reference on CPU)")
-    parser.add_argument("--sampler-engine", default="auto", choices=SAMPLER_ENGINE_CHOICES,
-                        help="rollout engine (auto: the fast CUDA-graph sampler on CUDA, the reference on CPU)")
+    parser.add_argument("--sampler-engine", default="auto", choices=("auto", "reference", "fast", "fast-eager"),
+                        help="rollout engine (auto: the fast CUDA-graph sampler on the GPU, the reference on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
     parser.add_argument("--config-json", default="{}", help=config_help or "this stage's config section as JSON")
 
@@ -66,16 +63,14 @@ def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    if args.sampler_engine != "auto":  # the process's default engine (engines.fast_sampler.resolve_engine reads it)
+        os.environ["MINITE_SAMPLER"] = args.sampler_engine
+    set_run_env(sampler_engine=args.sampler_engine)
     try:
         kernels.set_backend(args.kernels)
         set_run_env(kernels=kernels.current_backend())
     except (RuntimeError, ValueError) as e:
         parser.error(f"--kernels {args.kernels}: {e}")
-    if args.sampler_engine != "auto":  # imported only then: the sampler pulls in the model
-        from minite_core.engines.fast_sampler import set_engine
-
-        set_engine(args.sampler_engine)
-    set_run_env(sampler_engine=args.sampler_engine)
     return args
 
 

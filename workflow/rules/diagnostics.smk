@@ -9,6 +9,7 @@ DIAGNOSTICS_INPUTS = ("checkpoint", "prompts", "calib")
 
 rule diagnostics:
     input:
+        kernels=rules.kernels_check.output.json,
         checkpoint=input_path(
             config, "diagnostics", "checkpoint", rules.pretrain.output.checkpoint
         ),

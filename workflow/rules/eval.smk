@@ -12,6 +12,7 @@ EVAL_PROFILES = list(config["eval"]["profiles"])
 
 rule eval_checkpoint:
     input:
+        kernels=rules.kernels_check.output.json,
         checkpoint=rules.rl.output.final,
         heldout=rules.data.output.heldout,
         calib=rules.data.output.train,

@@ -6,6 +6,7 @@
 
 rule pretrain:
     input:
+        kernels=rules.kernels_check.output.json,
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,
         tokenizer=rules.data.output.tokenizer,

@@ -3,6 +3,7 @@
 
 rule report:
     input:
+        kernels=rules.kernels_check.output.json,
         quant_error=rules.quant_error.output.json,
         throughput=rules.throughput.output.json,
         throughput_sampler=rules.throughput_sampler.output.json,

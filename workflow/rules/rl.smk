@@ -12,6 +12,7 @@ RL_RUNS = rl_runs(config)
 
 rule rl:
     input:
+        kernels=rules.kernels_check.output.json,
         checkpoint=rules.pretrain.output.checkpoint,
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,

@@ -5,6 +5,8 @@
 
 
 rule throughput:
+    input:
+        kernels=rules.kernels_check.output.json,
     output:
         json=f"{RESULTS}/throughput/learner.json",
         csv=f"{RESULTS}/throughput/learner.csv",
@@ -27,8 +29,9 @@ rule throughput:
 
 rule throughput_sampler:
     # Decode tokens/s of the fast sampler per profile x shape x batch, bf16 and the reference sampler in the same
-    # run (minite_core/bench/sampler.py). CPU smoke: config "tiny", seconds; H200: config "h200". Its kernel
-    # backend is `sampler_bench.kernels` (default auto).
+    # run (minite_core/bench/sampler.py). CPU smoke: config "tiny", seconds; H200: config "h200".
+    input:
+        kernels=rules.kernels_check.output.json,
     output:
         json=f"{RESULTS}/throughput/sampler.json",
     log:
@@ -41,7 +44,8 @@ rule throughput_sampler:
     resources:
         gpu=config["gpu_slots"],  # the whole GPU: timings are not shared with other jobs
     params:
-        run=run_options(config, kernels=config["sampler_bench"]["kernels"]),
-        config=section_json(config, "sampler_bench", drop=("kernels",)),
+        run=run_options(config, kernels="auto"),
+        config=section_json(config, "sampler_bench"),
     shell:
-        "minite bench sampler --out {output.json} {params.run} --config-json {params.config:q} > {log} 2>&1"
+        "minite bench sampler --out {output.json} {params.run} "
+        "--config-json {params.config:q} > {log} 2>&1"

@@ -1,0 +1,44 @@
+"""`minite kernels` (the DAG's first stage): every check passes on this machine's backend, and a broken kernel
+fails the stage with one line naming the kernel, the shape and the error."""
+import json
+
+import pytest
+import torch
+import yaml
+
+from minite_core.bench import kernel_check
+from minite_core.cli import main as minite
+
+triton = pytest.importorskip("triton")
+
+
+def _smoke_config() -> str:
+    return json.dumps(yaml.safe_load(open("experiments/smoke.yaml")))
+
+
+def test_checks_pass_and_are_recorded(tmp_path, one_thread):
+    out = tmp_path / "check.json"
+    assert minite(["kernels", "--experiment-config", _smoke_config(), "--out", str(out), "--experiment", "t"]) == 0
+    res = json.loads(out.read_text())
+    assert res["schema"] == "kernels/v1" and res["metrics"]["failed"] == 0 and res["metrics"]["checks"] >= 15
+    kinds = {r["kernel"].split("[")[0] for r in res["rows"]}
+    assert {"quantize", "quantize_cols", "gemm", "grouped_gemm", "kgrouped_gemm", "dequantize"} <= kinds
+    assert all({"shape", "backend", "compile_s", "max_err", "verdict"} <= set(r) for r in res["rows"])
+
+
+def test_a_broken_kernel_stops_the_stage(tmp_path, monkeypatch, capsys, one_thread):
+    from minite_core.kernels import grouped
+
+    real = grouped.dequantize_triton
+    monkeypatch.setattr(grouped, "dequantize_triton", lambda t, **kw: real(t, **kw) * 2)  # a planted bug
+    out = tmp_path / "check.json"
+    assert minite(["kernels", "--experiment-config", _smoke_config(), "--out", str(out), "--experiment", "t"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minite kernels: error: kernel dequantize at ")
+    assert json.loads(out.read_text())["metrics"]["failed"] >= 1
+
+
+def test_profiles_come_from_the_config():
+    cfg = yaml.safe_load(open("experiments/smoke.yaml"))
+    names = kernel_check.experiment_profiles(cfg)
+    assert {"bf16", "te-nvfp4", "vllm-nvfp4", "minite"} <= set(names)
