@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from minite_core.bench import sampler as bench
-from minite_core.report import tables
 from minite_core.report.build import section_sampler_throughput
+from minite_core.report.tables import sampler_table
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, one_thread):
     out = tmp_path_factory.mktemp("bench") / "throughput" / "sampler.json"
-    assert bench.main(["--config", "tiny", "--profiles", "bf16,minite", "--new-tokens", "4", "--reps", "1",
-                       "--device", "cpu", "--experiment", "t", "--out", str(out)]) == 0
+    assert bench.main(["--config", "tiny", "--new-tokens", "4", "--reps", "1", "--device", "cpu", "--experiment",
+                       "t", "--out", str(out), "--config-json", '{"profiles": ["bf16", "minite"]}']) == 0
     return json.loads(out.read_text()), out
 
 
@@ -40,7 +40,7 @@ def test_tiny_bench_rows(tiny_run):
 
 def test_table_and_report_section_read_the_json(tiny_run):
     res, out = tiny_run
-    table = tables.sampler_table(res)
+    table = sampler_table(res)
     assert "| rl | 4 | minite | fast-eager |" in table and "Before: the reference sampler" in table
     section = section_sampler_throughput(out.parent.parent)
     assert section.startswith("## Sampler throughput") and table in section
@@ -52,7 +52,7 @@ def test_budget_spent_rows_are_recorded_as_skipped(one_thread):
                               reps=1, budget_s=1e-9)
     res = bench.run(cfg, torch.device("cpu"), log=lambda s: None)
     assert res["rows"] and all(r["skipped"] == "budget" and r["tokens_per_s"] is None for r in res["rows"])
-    assert "budget" in tables.sampler_table(res)
+    assert "budget" in sampler_table(res)
 
 
 def test_targets_on_measured_rows():
@@ -73,3 +73,6 @@ def test_bad_arguments_name_the_input(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "moe", "--out", "x.json", "--device", "cpu"])
     assert "unknown bench shape 'moe'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--out", "x.json", "--device", "cpu", "--config-json", '{"warmup": 3}'])
+    assert "unknown key 'warmup'" in capsys.readouterr().err

@@ -67,19 +67,26 @@ def test_fast_equals_reference_bitwise(models, model_name, profile):
     assert any(finished) and not all(finished)  # early stops and full-length rows both covered
 
 
-def test_logprob_rows(models):
+@pytest.mark.parametrize("sync_every", [1, 4])
+def test_logprob_rows_and_routes_as_the_reference(models, sync_every):
+    """keep_logprob_rows / record_routes: the same per-row tensors as the reference (sync_every 4 runs decode
+    steps past the last stop, which must not leak into the routes)."""
     model = models["tiny-moe"]
-    kw = dict(max_new_tokens=8, top_p=0.8, seed=2, stop_ids=STOP, keep_logprob_rows=True)
+    kw = dict(max_new_tokens=8, top_p=0.8, seed=2, stop_ids=STOP, keep_logprob_rows=True, record_routes=True)
     r_ref = Sampler(model, "minite").generate(PROMPTS, **kw)
-    r_sut = FastSampler(model, "minite", graph=False).generate(PROMPTS, **kw)
-    assert len(r_sut.logprob_rows) == len(PROMPTS)
-    for full_ref, full_sut, resp, lps in zip(r_ref.logprob_rows, r_sut.logprob_rows, r_sut.response_ids,
-                                             r_sut.logprobs):
-        assert full_sut.shape == (len(resp), model.config.vocab_size)
-        assert torch.equal(full_ref, full_sut)
-        assert full_sut.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist() == lps
-        assert bool((full_sut.exp().sum(-1) - 1).abs().max() < 1e-5)  # a normalised (top-p) distribution
-    assert Sampler(model, "bf16").generate(PROMPTS, max_new_tokens=2, seed=0).logprob_rows is None
+    r_sut = FastSampler(model, "minite", graph=False, sync_every=sync_every).generate(PROMPTS, **kw)
+    _assert_same(r_ref, r_sut)
+    assert any(r_ref.finished) and len(r_sut.logprob_rows) == len(r_sut.routes) == len(PROMPTS)
+    for rows_ref, rows_sut, routes_ref, routes_sut, prompt, resp, lps in zip(
+            r_ref.logprob_rows, r_sut.logprob_rows, r_ref.routes, r_sut.routes, PROMPTS, r_sut.response_ids,
+            r_sut.logprobs):
+        assert rows_sut.shape == (len(resp), model.config.vocab_size) and torch.equal(rows_ref, rows_sut)
+        assert rows_sut.gather(1, torch.tensor(resp)[:, None])[:, 0].tolist() == lps
+        assert routes_sut.dtype == routes_ref.dtype and torch.equal(routes_ref, routes_sut)
+        assert routes_sut.shape[0] == len(prompt) + len(resp) and bool((routes_sut[:len(prompt)] >= 0).all())
+    plain = FastSampler(models["tiny-dense"], "bf16", graph=False).generate(PROMPTS, max_new_tokens=2, seed=0,
+                                                                           record_routes=True)
+    assert plain.routes is None and plain.logprob_rows is None  # dense: nothing to route; rows not asked
 
 
 @pytest.mark.parametrize("profile", ["bf16", "minite"])
@@ -128,6 +135,32 @@ def test_bad_input_errors_as_the_reference(models):
         make_sampler(model, "bf16", engine="vllm")
     assert type(make_sampler(model, "bf16", engine="fast-eager")) is FastSampler
     assert type(make_sampler(model, "bf16", device="cpu")) is Sampler  # CPU default: the reference
+
+
+def test_engine_choice_process_wide_and_recorded(models, monkeypatch):
+    """--sampler-engine (runs.cli) sets the process's engine ($MINITE_SAMPLER) that make_sampler falls back to, and
+    every result's env records it; an argument still wins; unknown names fail naming the choices."""
+    import argparse
+
+    from minite_core import results
+    from minite_core.engines.fast_sampler import ENV_VAR
+    from minite_core.runs.cli import add_common_args, apply_common_args
+
+    monkeypatch.setenv(ENV_VAR, "reference")  # restored (unset) after the test, whatever the CLI writes
+    monkeypatch.setattr(results, "_RUN_ENV", dict(results._RUN_ENV))  # this process's other results unaffected
+    parser = argparse.ArgumentParser()
+    add_common_args(parser)
+    apply_common_args(parser, parser.parse_args(["--sampler-engine", "fast-eager"]))
+    model = models["tiny-dense"]
+    assert type(make_sampler(model, "bf16")) is FastSampler and results.env_info()["sampler_engine"] == "fast-eager"
+    assert type(make_sampler(model, "bf16", engine="reference")) is Sampler
+    monkeypatch.delenv(ENV_VAR)
+    assert type(make_sampler(model, "bf16")) is Sampler  # auto on CPU
+    monkeypatch.setenv(ENV_VAR, "graph")
+    with pytest.raises(ValueError, match="fast-eager"):
+        make_sampler(model, "bf16")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sampler-engine", "graph"])
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -16,16 +16,14 @@ Shapes: "rl" = the RL model of experiments/h200.yaml (hidden 256, 4 layers, 8/2 
 batch <= 16. CPU ("tiny"): the same code on tiny models. Static-scale profiles are calibrated on random tokens.
 
 Output: `throughput/v1` JSON, rows {profile, shape, batch, engine, tokens_per_s, speedup_vs_bf16, ...},
-`reference` rows, `targets` (issue 17's, checked on CUDA only).
+`reference` rows, `targets` (issue 17's, checked on CUDA only); the report's table is report/tables.sampler_table.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -36,8 +34,8 @@ from minite_core.engines.fast_sampler import GraphCaptureError
 from minite_core.model import CausalLM, ModelConfig, set_profile
 from minite_core.model.calibrate import calibrate
 from minite_core.profiles import get_profile
-from minite_core.runs.cli import add_common_args, parse_with_config
 from minite_core.results import env_info, write_json
+from minite_core.runs.cli import add_common_args, parse_with_config
 
 SCHEMA = "throughput/v1"
 NVFP4 = ("vllm-nvfp4", "vllm-marlin-w4a16", "minite")
@@ -244,7 +242,6 @@ def check_targets(rows: list[dict], cuda: bool) -> dict:
             "note": "targets are for the H200 run; a CPU run only checks the code"}
 
 
-# ---- report -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="minite bench sampler", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="tiny | h200 (default: h200 on CUDA, tiny on CPU)")
@@ -252,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=None, help="comma list of rl, weight-bound")
     ap.add_argument("--new-tokens", type=int, dest="new_tokens")
     ap.add_argument("--reps", type=int)
-    ap.add_argument("--budget-s", type=float, dest="budget_s")
+    ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock budget (rows left are skipped)")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
     add_common_args(ap, config_help="the experiment's `sampler_bench:` section as JSON (keys = the flags above)")
     args = parse_with_config(ap, argv)
@@ -263,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     over = {"profiles": tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None,
             "shapes": tuple(s.strip() for s in args.shapes.split(",") if s.strip()) if args.shapes else None,
             "new_tokens": args.new_tokens, "reps": args.reps, "budget_s": args.budget_s, "seed": args.seed}
-    # (--seed defaults to 0 in the common run options; the bench config's own seed is 0 as well)
     try:
         cfg = dataclasses.replace(CONFIGS[name], **{k: v for k, v in over.items() if v is not None})
         for shape in cfg.shapes:
@@ -276,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = run(cfg, device, log=lambda s: print(s, flush=True))
     payload["experiment"] = args.experiment
     write_json(args.out, payload)
-    for row in payload["rows"]:  # the table is the report's (report.tables.sampler_table, from this JSON)
-        print(f"{row['profile']} {row['shape']} batch {row['batch']}: {row.get('tokens_per_s')} tokens/s", flush=True)
+    for r in payload["rows"]:
+        tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        print(f"{r['shape']} batch {r['batch']} {r['profile']} ({r.get('engine')}): {tps} tokens/s", flush=True)
     return 0

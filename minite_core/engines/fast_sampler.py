@@ -26,10 +26,10 @@ How:
   changed (`_weight_refs`: parameter storages, calibrated scales, cached quantized weights): an optimizer step
   that clears nn's weight caches costs one re-capture; bf16 weights updated in place cost none.
 
-Routing records (`generate(record_routes=True)`, the routing diagnostics and R3): SparseMoE's record hook
-(model/routing.py) appends each call's top-k ids on the host side of the step, which a graph replay would not
-run, so a batch that records routes runs its decode steps eagerly (the same `_step`; results identical) and is
-sliced per row exactly as the reference does (`Sampler._row_routes`).
+Only when asked, as the reference: `keep_logprob_rows` keeps the processed log-prob rows [B, N, V] in a static
+buffer; `record_routes` installs a routing hook (model/routing.py's protocol) that writes each forward's top-k
+expert ids into a static [Lm, B, S, K] buffer at the cache slots of the fed tokens (`cache.slots`, on the
+device), so a captured graph records them too; both come back as the reference's per-row tensors.
 
 Shape legend: B = bucket rows, P = padded prompt length, S = cache slots, N = max_new_tokens, V = vocab.
 """
@@ -45,8 +45,9 @@ import torch
 
 from minite_core.engines.host_sync import HostSync, find_host_syncs
 from minite_core.engines.sampler import (Sampler, batch_bucket, batch_layout, cache_slots, check_generate_args,
-                                         row_seeds, sample_step)
+                                         row_routes, row_seeds, sample_step)
 from minite_core.model import KVCache, set_profile
+from minite_core.model.routing import NOT_ROUTED, moe_layers, use_routing
 from minite_core.task.tokenizer import EOS_ID, PAD_ID
 
 # CUDA: decode steps between host reads of the all-finished flag — at most 15 wasted steps after the last row
@@ -65,6 +66,19 @@ class GraphCaptureError(RuntimeError):
 def write_step(buf: torch.Tensor, step: torch.Tensor, values: torch.Tensor, dim: int = 1) -> None:
     """buf[:, step] = values (along `dim`) at the device step (0-dim int64): in place, capturable."""
     buf.index_copy_(dim, step.view(1), values.unsqueeze(dim))
+
+
+class _SlotRoutes:
+    """Routing hook (model/routing.py's `routing(layer, top_idx)` protocol): writes the (B*T, K) ids every MoE
+    layer executes into st.routes at the forward's cache slots — device ops only, so a captured graph keeps
+    recording; returns None (record, never replay)."""
+
+    def __init__(self, st: "_Decode", layers: tuple[int, ...]):
+        self.st, self.index = st, {layer: j for j, layer in enumerate(layers)}
+
+    def __call__(self, layer: int, top_idx: torch.Tensor) -> None:
+        buf, slots = self.st.routes[self.index[layer]], self.st.cache.slots  # (B, S, K), (T,)
+        buf.index_copy_(1, slots, top_idx.view(buf.shape[0], slots.shape[0], -1).to(buf.dtype))
 
 
 @dataclass(eq=False)
@@ -86,7 +100,7 @@ class _Decode:
     argmax: torch.Tensor  # (B, N) int64 argmax of the logits
     recorded: torch.Tensor  # (B, N) bool: the row was active at that step (a prefix of each row)
     full: torch.Tensor | None  # (B, N, V) fp32 processed log-prob rows, only when asked
-    routing: torch.Tensor | None = None  # [layers, B, N, k] int64 top-k expert ids: room for routing records
+    routes: torch.Tensor | None  # (Lm, B, S, K) int32 executed expert ids by cache slot, only when asked
     graph: object = None  # torch.cuda.CUDAGraph of `_step`, once captured
     weight_refs: list = field(default_factory=list)  # what the graph read of the weights (`_weight_refs`)
 
@@ -157,61 +171,57 @@ class FastSampler(Sampler):
 
     # ---- one batch ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows):
-        eager = self.model_routing_recorded()  # route records are host-side appends: no graph replay for them
-        st = self._prefill(prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows,
-                           eager=eager)
-        steps = 0
-        for s in range(1, max_new_tokens):
-            if s % self.sync_every == 0 and bool(st.all_done):  # host sync: every sync_every steps
-                break
-            self._advance(st, eager=eager)
-            steps += 1
-        return self._read(st, len(prompts), steps)
-
-    def model_routing_recorded(self) -> bool:
-        """True when a SparseMoE of the model has a recording routing hook set (Sampler.generate(record_routes))."""
-        from minite_core.model.qwen3_moe import SparseMoE
-
-        return any(getattr(m, "routing", None) is not None for m in self.model.modules() if isinstance(m, SparseMoE))
+    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows,
+                        record_routes):
+        st = self._state_for(prompts, max_new_tokens, temperature, top_p, stop_ids, keep_rows, record_routes)
+        with use_routing(self.model, _SlotRoutes(st, moe_layers(self.model)) if record_routes else None):
+            self._prefill(st, prompts, indices, seed)
+            for s in range(1, max_new_tokens):
+                if s % self.sync_every == 0 and bool(st.all_done):  # host sync: every sync_every steps
+                    break
+                self._advance(st)
+        return self._read(st, prompts)
 
     @torch.no_grad()
     def start(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-              stop_ids=(EOS_ID,), seed: int = 0, keep_logprob_rows: bool = False) -> _Decode:
+              stop_ids=(EOS_ID,), seed: int = 0) -> _Decode:
         """Prefill one batch of prompts (one bucket) and sample its step 0; `step` it max_new_tokens - 1 times
         (what `generate` does, without the early stop and the read-back: for benchmarks and checks)."""
         check_generate_args(prompts, max_new_tokens, temperature, top_p)
         set_profile(self.model, self.profile)
         self.model.eval()
-        return self._prefill(prompts, list(range(len(prompts))), max_new_tokens, temperature, top_p,
-                             frozenset(stop_ids), seed, keep_logprob_rows)
+        st = self._state_for(prompts, max_new_tokens, temperature, top_p, frozenset(stop_ids), False, False)
+        self._prefill(st, prompts, list(range(len(prompts))), seed)
+        return st
 
     @torch.no_grad()
     def step(self, st: _Decode) -> None:
         """One decode step of a started batch (asynchronous on CUDA)."""
         self._advance(st)
 
-    def _advance(self, st: _Decode, eager: bool = False) -> None:
-        if st.graph is not None and not eager:
+    def _advance(self, st: _Decode) -> None:
+        if st.graph is not None:
             st.graph.replay()
         else:
             self._step(st)
 
-    def _prefill(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows,
-                 eager: bool = False):
-        """State for this batch (captured first when graphs are on), reset, prefilled, step 0 sampled."""
-        rows = batch_bucket(len(prompts))
-        ids, real = batch_layout(prompts, rows, self.device)  # (B, P)
-        key = (rows, cache_slots(ids.shape[1], max_new_tokens), max_new_tokens, float(temperature), float(top_p),
-               tuple(sorted(stop_ids)), bool(keep_rows), self.profile)
-        st = self._state(key)
-        if self.graph and not eager and max_new_tokens > 1 and (st.graph is None
-                                                  or not _same_refs(st.weight_refs, _weight_refs(self.model))):
+    def _state_for(self, prompts, max_new_tokens, temperature, top_p, stop_ids, keep_rows, record_routes):
+        rows, P = batch_bucket(len(prompts)), max(map(len, prompts))
+        record_routes = bool(record_routes and moe_layers(self.model))  # a dense model has nothing to route
+        return self._state((rows, cache_slots(P, max_new_tokens), max_new_tokens, float(temperature), float(top_p),
+                            tuple(sorted(stop_ids)), bool(keep_rows), record_routes, self.profile))
+
+    def _prefill(self, st: _Decode, prompts, indices, seed) -> None:
+        """Capture st's step first when graphs are on (and it is missing or stale), then reset, prefill, sample
+        step 0. Runs inside the caller's routing hook, if any."""
+        if self.graph and st.tokens.shape[1] > 1 and (st.graph is None
+                                                      or not _same_refs(st.weight_refs, _weight_refs(self.model))):
             self._capture(st)
+        rows = st.done.shape[0]
+        ids, real = batch_layout(prompts, rows, self.device)  # (B, P)
         self._reset(st, row_seeds(seed, indices, rows, self.device), len(prompts))
         logits = self.model(ids, attention_mask=real, cache=st.cache)[:, -1]  # (B, V) prefill, eager
         self._sample_into(st, logits)
-        return st
 
     def _step(self, st: _Decode) -> None:
         """One decode step, entirely on the device (what the CUDA graph holds)."""
@@ -235,16 +245,21 @@ class FastSampler(Sampler):
         st.step += 1
         st.all_done.copy_(st.done.all())
 
-    def _read(self, st: _Decode, n: int, steps: int):
-        # host sync: the batch's results, one copy per buffer, once per batch. `steps` decode forwards ran: row b
-        # was fed min(len_b, steps) of its tokens (the reference's `fed`, for route records)
+    def _read(self, st: _Decode, prompts):
+        # host sync: the batch's results, one copy per buffer, once per batch
+        n = len(prompts)
         lens = st.recorded[:n].sum(dim=1).tolist()
         tokens, logprobs, argmax = (t[:n].tolist() for t in (st.tokens, st.logprobs, st.argmax))
         resp = [row[:m] for row, m in zip(tokens, lens)]
         lps = [row[:m] for row, m in zip(logprobs, lens)]
         amx = [row[:m] for row, m in zip(argmax, lens)]
-        rows = [st.full[b, :m].clone() for b, m in enumerate(lens)] if st.full is not None else None
-        return resp, lps, st.done[:n].tolist(), amx, rows, [min(m, steps) for m in lens]
+        kept = [st.full[b, :m].clone() for b, m in enumerate(lens)] if st.full is not None else None
+        routes = None
+        if st.routes is not None:
+            # the reference feeds a row's sampled token back while the loop runs: all but the very last step
+            fed = [min(m, max(lens) - 1) for m in lens]
+            routes = row_routes(st.routes[:, :n].permute(1, 2, 0, 3), prompts, resp, fed)  # (B, S, Lm, K) by slot
+        return resp, lps, st.done[:n].tolist(), amx, kept, routes
 
     # ---- static state ------------------------------------------------------------------------------------
     def _state(self, key: tuple) -> _Decode:
@@ -253,8 +268,9 @@ class FastSampler(Sampler):
             return self._states[key]
         if len(self._states) >= MAX_STATES:
             self._states.popitem(last=False)
-        rows, slots, N, temperature, top_p, stop_ids, full, _ = key
+        rows, slots, N, temperature, top_p, stop_ids, full, record_routes, _ = key
         dev, V = self.device, self.model.config.vocab_size
+        Lm, K = len(moe_layers(self.model)), self.model.config.num_experts_per_tok
 
         def zeros(*shape, dtype):
             return torch.zeros(shape, dtype=dtype, device=dev)
@@ -267,7 +283,8 @@ class FastSampler(Sampler):
                      all_done=zeros(dtype=torch.bool), tokens=zeros(rows, N, dtype=torch.long),
                      logprobs=zeros(rows, N, dtype=torch.float32), argmax=zeros(rows, N, dtype=torch.long),
                      recorded=zeros(rows, N, dtype=torch.bool),
-                     full=zeros(rows, N, V, dtype=torch.float32) if full else None)
+                     full=zeros(rows, N, V, dtype=torch.float32) if full else None,
+                     routes=zeros(Lm, rows, slots, K, dtype=torch.int32) if record_routes else None)
         self._states[key] = st
         return st
 
@@ -287,6 +304,8 @@ class FastSampler(Sampler):
         st.recorded.zero_()
         if st.full is not None:
             st.full.zero_()
+        if st.routes is not None:
+            st.routes.fill_(NOT_ROUTED)
 
     def _capture(self, st: _Decode) -> None:
         """Capture `_step` on st's buffers into st.graph (all rows active, so the step runs every branch)."""

@@ -35,10 +35,12 @@ How it runs (the way vLLM / SGLang serve a batch, reduced to its numerics):
   pads make the logits themselves batch-dependent — a numerics effect, kept on purpose). (Until this change the
   noise came from one torch.Generator per row: same distribution, different bits, CPU != CUDA.)
 - A row stops at the first stop token (kept in the response) or after `max_new_tokens` (finished = False).
+
 - Only when asked (memory): `record_routes` keeps the expert ids every MoE layer executed for every token the
   sampler fed (prefill and each decode step; model/routing.py), per row in sequence order, for the routing
   diagnostics and for a learner that replays them (R3); `keep_logprob_rows` keeps the whole processed log-prob
   row (V values) of every sampled step, for the full-vocabulary KL.
+- `score` replays `generate`'s schedule on given tokens (teacher-forced decode).
 
 Shape legend: B = batch rows (bucket-padded), P = padded prompt length, S = cache slots, V = vocab.
 """
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minite_core.engines.batching import pack_left
 from minite_core.formats import philox
 from minite_core.model import KVCache, set_profile
 from minite_core.model.routing import NOT_ROUTED, Routing, moe_layers, stack_calls, use_routing
@@ -134,15 +137,13 @@ def cache_slots(prompt_len: int, max_new_tokens: int) -> int:
 
 
 def batch_layout(prompts: list[list[int]], rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt batch of `rows` >= len(prompts) rows -> ids (rows, P) long, real (rows, P) bool.
-    Rows past the prompts are dummy rows: all pad, no real token."""
-    P = max(map(len, prompts))
-    ids = torch.full((rows, P), PAD_ID, dtype=torch.long)
-    real = torch.zeros(rows, P, dtype=torch.bool)
-    for b, p in enumerate(prompts):
-        ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
-        real[b, P - len(p):] = True
-    return ids.to(device), real.to(device)
+    """`pack_left` of the prompts plus dummy rows up to `rows` (all pad, no real token) -> ids (rows, P) long,
+    real (rows, P) bool."""
+    ids, attn = pack_left(prompts, device=device)  # (n, P)
+    extra = rows - ids.shape[0]
+    ids = torch.cat([ids, torch.full((extra, ids.shape[1]), PAD_ID, dtype=ids.dtype, device=ids.device)])
+    real = torch.cat([attn.bool(), torch.zeros(extra, ids.shape[1], dtype=torch.bool, device=ids.device)])
+    return ids, real
 
 
 def row_seeds(seed: int, indices: list[int], rows: int, device) -> torch.Tensor:
@@ -174,12 +175,28 @@ def sample_step(logits: torch.Tensor, seeds: torch.Tensor, step, *, temperature:
 
 def check_generate_args(prompts, max_new_tokens: int, temperature: float, top_p: float) -> None:
     """The ValueErrors both samplers raise for bad input."""
+    if not prompts:
+        raise ValueError("no prompts given (an empty batch)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0 or not 0.0 < top_p <= 1.0:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
+
+
+def row_routes(calls: torch.Tensor, prompts, resp, fed: list[int]) -> list[torch.Tensor]:
+    """A batch's routes by call (B, P + decode calls, Lm, K) — the left-padded prefill, then one slot per decode
+    step — -> per row (P_i + R_i, Lm, K) in sequence order; fed[b] = decode steps that fed row b a real token
+    (its first fed[b] response tokens, contiguous: a row that stopped is fed pads from then on)."""
+    P = max(map(len, prompts))
+    out = []
+    for b, (p, r) in enumerate(zip(prompts, resp)):
+        row = torch.full((len(p) + len(r), *calls.shape[2:]), NOT_ROUTED, dtype=calls.dtype, device=calls.device)
+        row[:len(p)] = calls[b, P - len(p):P]
+        row[len(p):len(p) + fed[b]] = calls[b, P:P + fed[b]]
+        out.append(row)
+    return out
 
 
 class Sampler:
@@ -193,107 +210,93 @@ class Sampler:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None,
                  record_routes: bool = False, keep_logprob_rows: bool = False) -> Rollout:
-        """Rows in chunks of `batch_size` (None = all at once); `record_routes` adds Rollout.routes,
-        `keep_logprob_rows` Rollout.logprob_rows."""
-        if not prompts:
-            raise ValueError("no prompts given (an empty batch)")
+        """Rows in chunks of `batch_size` (None = all at once); record_routes / keep_logprob_rows fill
+        Rollout.routes / Rollout.logprob_rows."""
         check_generate_args(prompts, max_new_tokens, temperature, top_p)
         set_profile(self.model, self.profile)
         self.model.eval()
-        batch_size = batch_size or max(len(prompts), 1)
-        out = Rollout([list(p) for p in prompts], [], [], [], [],
-                      routes=[] if record_routes and moe_layers(self.model) else None,
+        batch_size = batch_size or len(prompts)
+        record_routes = record_routes and bool(moe_layers(self.model))  # a dense model has nothing to route
+        out = Rollout([list(p) for p in prompts], [], [], [], [], routes=[] if record_routes else None,
                       logprob_rows=[] if keep_logprob_rows else None)
         for start in range(0, len(prompts), batch_size):
             idx = list(range(start, min(start + batch_size, len(prompts))))
-            routing = Routing() if out.routes is not None else None
-            with use_routing(self.model, routing):
-                resp, lps, fin, amx, rows, fed = self._generate_batch(
-                    [prompts[i] for i in idx], idx, max_new_tokens, temperature, top_p, frozenset(stop_ids), seed,
-                    keep_logprob_rows)
+            resp, lps, fin, amx, rows, routes = self._generate_batch(
+                [prompts[i] for i in idx], idx, max_new_tokens, temperature, top_p, frozenset(stop_ids), seed,
+                keep_logprob_rows, record_routes)
             out.response_ids += resp
             out.logprobs += lps
             out.finished += fin
             out.argmax_ids += amx
             if keep_logprob_rows:
                 out.logprob_rows += rows
-            if out.routes is not None:
-                out.routes += self._row_routes(routing, [prompts[i] for i in idx], resp, fed)
-        return out
-
-    def _row_routes(self, routing: Routing, prompts, resp, fed: list[int]) -> list[torch.Tensor]:
-        """The batch's recorded calls (left-padded prefill, then one slot per decode step) -> per row
-        (P_i + R_i, Lm, K) in sequence order; fed[b] = decode steps that fed row b a real token (its first
-        fed[b] response tokens, contiguous: a row that stopped is fed pads from then on). Dummy (bucket) rows
-        come after the prompt rows and are dropped."""
-        B, P = len(prompts), max(map(len, prompts))
-        calls = stack_calls(routing, moe_layers(self.model), batch_bucket(B))  # (rows, P + steps, Lm, K)
-        out = []
-        for b, (p, r) in enumerate(zip(prompts, resp)):
-            row = torch.full((len(p) + len(r), *calls.shape[2:]), NOT_ROUTED, dtype=calls.dtype,
-                             device=calls.device)
-            row[:len(p)] = calls[b, P - len(p):P]
-            row[len(p):len(p) + fed[b]] = calls[b, P:P + fed[b]]
-            out.append(row)
+            if record_routes:
+                out.routes += routes
         return out
 
     @torch.no_grad()  # not inference_mode: nn caches weight copies made here, and the learner's autograd reuses them
-    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows):
+    def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows,
+                        record_routes):
         dev, B = self.device, len(prompts)
         rows = batch_bucket(B)  # + dummy rows, exactly as the fast sampler pads
         ids, real = batch_layout(prompts, rows, dev)  # (rows, P)
         cache = KVCache.for_model(self.model, rows, cache_slots(ids.shape[1], max_new_tokens), device=dev)
-        logits = self.model(ids, attention_mask=real, cache=cache)[:, -1]  # (rows, V) prefill
+        routing = Routing() if record_routes else None
         seeds = row_seeds(seed, indices, rows, dev)
         resp, lps, amx, kept = ([[] for _ in range(B)] for _ in range(4))
         fed = [0] * B  # decode steps that fed each row a real token
         done = [False] * B + [True] * (rows - B)  # dummy rows are finished from the start
-        for step in range(max_new_tokens):
-            tok, tok_lp, top, logp = sample_step(logits, seeds, step, temperature=temperature, top_p=top_p)
-            active = [not d for d in done]
-            for b in range(B):
-                if active[b]:
-                    t = int(tok[b])  # reference: one host sync per row per step (the fast sampler has none)
-                    resp[b].append(t)
-                    lps[b].append(float(tok_lp[b]))
-                    amx[b].append(int(top[b]))
-                    if keep_rows:
-                        kept[b].append(logp[b])
-                    done[b] = t in stop_ids
-            if all(done) or step == max_new_tokens - 1:
-                break
-            alive = torch.tensor(active, device=dev)  # rows finished before this step feed a masked pad
-            fed = [f + a for f, a in zip(fed, active[:B])]
-            step_ids = torch.where(alive, tok, torch.full_like(tok, PAD_ID))[:, None]  # (rows, 1)
-            logits = self.model(step_ids, attention_mask=alive[:, None], cache=cache)[:, -1]
-        kept = [torch.stack(r) if r else torch.zeros(0, logits.shape[-1], device=dev) for r in kept] if keep_rows \
-            else None
-        return resp, lps, done[:B], amx, kept, fed
+        with use_routing(self.model, routing):
+            logits = self.model(ids, attention_mask=real, cache=cache)[:, -1]  # (rows, V) prefill
+            for step in range(max_new_tokens):
+                tok, tok_lp, top, logp = sample_step(logits, seeds, step, temperature=temperature, top_p=top_p)
+                active = [not d for d in done]
+                for b in range(B):
+                    if active[b]:
+                        t = int(tok[b])
+                        resp[b].append(t)
+                        lps[b].append(float(tok_lp[b]))
+                        amx[b].append(int(top[b]))
+                        if keep_rows:
+                            kept[b].append(logp[b])
+                        done[b] = t in stop_ids
+                if all(done) or step == max_new_tokens - 1:
+                    break
+                fed = [f + a for f, a in zip(fed, active)]
+                alive = torch.tensor(active, device=dev)  # rows finished before this step feed a masked pad
+                step_ids = torch.where(alive, tok, torch.full_like(tok, PAD_ID))[:, None]  # (rows, 1)
+                logits = self.model(step_ids, attention_mask=alive[:, None], cache=cache)[:, -1]
+        kept = [torch.stack(r) if r else torch.zeros(0, logits.shape[-1], device=dev) for r in kept] \
+            if keep_rows else None
+        routes = (row_routes(stack_calls(routing, moe_layers(self.model), rows)[:B], prompts, resp, fed)
+                  if record_routes else None)
+        return resp, lps, done[:B], amx, kept, routes
 
     @torch.no_grad()
     def score(self, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0,
-              top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              top_p: float = 1.0, max_new_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]:
         """Teacher-forced decode: the log-probs this sampler gives *given* tokens (e.g. another engine's rollout),
-        computed with exactly `generate`'s schedule — the same bucket-padded, left-padded prefill into the static
-        KV cache, then one (rows, 1) step per response position, rows that already stopped fed a masked pad.
-        -> (logp (N, T) fp32, mask (N, T), argmax (N, T)), the Learner.logprobs layout (masked positions hold
-        finite junk)."""
+        computed with exactly `generate`'s schedule — bucket-padded, left-padded prefill into the static KV cache
+        (sized for `max_new_tokens`, default the longest response: pass the generate call's for its very cache),
+        then one (B, 1) step per response position, rows that already stopped fed a masked pad.
+        -> (logp (N, T) fp32, mask (N, T), argmax (N, T)), the Learner.logprobs layout (masked: finite junk)."""
         if len(prompts) != len(responses) or any(len(p) == 0 for p in prompts):
             raise ValueError("score needs one non-empty prompt per response")
         set_profile(self.model, self.profile)
         self.model.eval()
-        dev, B = self.device, len(prompts)
-        T = max(map(len, responses), default=0)
-        rows = batch_bucket(B)
+        dev, n, T = self.device, len(prompts), max(map(len, responses), default=0)
+        rows = batch_bucket(n)
         ids, real = batch_layout(prompts, rows, dev)  # (rows, P)
-        cache = KVCache.for_model(self.model, rows, cache_slots(ids.shape[1], max(T, 1)), device=dev)
+        cache = KVCache.for_model(self.model, rows, cache_slots(ids.shape[1], max_new_tokens or max(T, 1)),
+                                  device=dev)
         logits = self.model(ids, attention_mask=real, cache=cache)[:, -1]  # (rows, V) prefill
         tok = torch.full((rows, T), PAD_ID, dtype=torch.long, device=dev)
-        lengths = torch.zeros(rows, dtype=torch.long, device=dev)
+        lens = torch.zeros(rows, dtype=torch.long)
         for b, r in enumerate(responses):
             tok[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=dev)
-            lengths[b] = len(r)
-        mask = torch.arange(T, device=dev)[None] < lengths[:, None]  # (rows, T)
+            lens[b] = len(r)
+        mask = torch.arange(T, device=dev)[None] < lens.to(dev)[:, None]  # (rows, T); dummy rows: none
         logp, amx = torch.zeros(rows, T, device=dev), torch.zeros(rows, T, dtype=torch.long, device=dev)
         for k in range(T):
             lp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (rows, V)
@@ -303,4 +306,4 @@ class Sampler:
             alive = mask[:, k]  # the sampler feeds token k only to rows that sampled it (see generate)
             step_ids = torch.where(alive, tok[:, k], torch.full_like(tok[:, k], PAD_ID))[:, None]  # (rows, 1)
             logits = self.model(step_ids, attention_mask=alive[:, None], cache=cache)[:, -1]
-        return logp[:B], mask[:B], amx[:B]
+        return logp[:n], mask[:n], amx[:n]

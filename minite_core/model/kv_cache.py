@@ -13,10 +13,11 @@ a decode step can be captured in a CUDA graph:
 graph's owner (engines.fast_sampler) counts its steps itself.
 
 Protocol used by `CausalLM.forward` for T new tokens with real-token mask `real_new` (B, T):
-`slots = begin(real_new)` (checks room, marks the slots in `valid`), each attention layer `update(layer, k, v)`
-(writes slots [pos, pos + T) with index_copy_ at the device position, returns the whole buffers), then
-`advance(real_new)`. Attention reads every slot, masked by `valid` and causality (CausalLM._cached_mask), in the
-prefill and in every decode step alike: the reference and fast samplers run this one path. Stale slots from an
+`slots = begin(real_new)` (checks room, marks the slots in `valid`; also kept as `cache.slots` until the end of the
+forward, for per-token side records such as routing), each attention layer `update(layer, k, v)` (writes slots
+[pos, pos + T) with index_copy_ at the device position, returns the whole buffers), then `advance(real_new)`.
+Attention reads every slot, masked by `valid` and causality (CausalLM._cached_mask), in the prefill and in every
+decode step alike: the reference and fast samplers run this one path. Stale slots from an
 earlier use are never attended (masked to exactly zero weight) and `reset()` clears the mask and counters.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ class KVCache:
         self.n_real = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.batch_size, self.max_len, self.dtype = batch_size, max_len, dtype
         self.length = 0  # host mirror of pos (eager forwards only)
-        self._slots: torch.Tensor | None = None  # (T,) slots of the forward in flight
+        self.slots: torch.Tensor | None = None  # (T,) slots of the forward in flight (begin .. advance)
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None,
@@ -54,14 +55,14 @@ class KVCache:
             raise ValueError(f"KVCache batch_size is {self.batch_size}, got a batch of {B}")
         if self.length + T > self.max_len:
             raise ValueError(f"KVCache overflow: length {self.length} + {T} new tokens > max_len {self.max_len}")
-        self._slots = self.pos + torch.arange(T, device=self.pos.device)  # (T,)
-        self.valid.index_copy_(1, self._slots, real_new)
-        return self._slots
+        self.slots = self.pos + torch.arange(T, device=self.pos.device)  # (T,)
+        self.valid.index_copy_(1, self.slots, real_new)
+        return self.slots
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # k, v: (B, Hkv, T, Dh) written at the slots of `begin` -> the whole (B, Hkv, S, Dh) buffers
-        self.k[layer_idx].index_copy_(2, self._slots, k.to(self.dtype))
-        self.v[layer_idx].index_copy_(2, self._slots, v.to(self.dtype))
+        self.k[layer_idx].index_copy_(2, self.slots, k.to(self.dtype))
+        self.v[layer_idx].index_copy_(2, self.slots, v.to(self.dtype))
         return self.k[layer_idx], self.v[layer_idx]
 
     def advance(self, real_new: torch.Tensor) -> None:
@@ -69,7 +70,7 @@ class KVCache:
         self.pos += real_new.shape[1]
         self.n_real += real_new.sum(dim=1)
         self.length += real_new.shape[1]
-        self._slots = None
+        self.slots = None
 
     def reset(self) -> None:
         """Empty the cache in place (buffers, and so any CUDA graph reading them, stay valid)."""
@@ -77,4 +78,4 @@ class KVCache:
         self.pos.zero_()
         self.n_real.zero_()
         self.length = 0
-        self._slots = None
+        self.slots = None

@@ -115,8 +115,8 @@ def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
 
 def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens: int,
                     batch_size: int = 256) -> dict[str, float]:
-    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (make_sampler): {"acc", "acc/<level>",
-    "response_len"}. Leaves the model in train mode with whatever profile it had."""
+    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (make_sampler):
+    {"acc", "acc/<level>", "response_len"}. Leaves the model in train mode with whatever profile it had."""
     before, was_training = model.profile, model.training
     prompts, _ = encode(tok, examples)
     out = make_sampler(model, profile).generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0,

@@ -65,6 +65,7 @@ def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
     if args.sampler_engine != "auto":  # the process's default engine (engines.fast_sampler.resolve_engine reads it)
         os.environ["MINITE_SAMPLER"] = args.sampler_engine
+    set_run_env(sampler_engine=args.sampler_engine)
     try:
         kernels.set_backend(args.kernels)
         set_run_env(kernels=kernels.current_backend())
