@@ -18,6 +18,7 @@ on the GPU the same checks run compiled, and `--bench` also runs the kernel micr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -234,12 +235,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_command("minite kernels", lambda: _main(args))
 
 
+def _skip(args, config: dict, device: torch.device, reason: str) -> int:
+    """No kernel to check on this machine: an empty check.json that says why (the report prints the reason)."""
+    write_result(args.out, stage="kernels", experiment=args.experiment,
+                 config={"profiles": experiment_profiles(config), "device": str(device), "skipped": reason},
+                 metrics={"checks": 0, "failed": 0, "seconds": 0.0}, rows=[])
+    print(f"minite kernels: skipped on {device}: {reason} -> {args.out}", flush=True)
+    return 0
+
+
 def _main(args) -> int:
     from minite_core.kernels import dispatch
 
     config = json.loads(args.experiment_config)
     device = torch.device(args.device)
     if device.type != "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return _skip(args, config, device, "triton is not installed: this CPU run uses the reference kernels "
+                         "(nothing to check); `pip install triton==3.6.0` checks the Triton kernels under "
+                         "TRITON_INTERPRET=1")
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
     from minite_core.kernels import interpret  # noqa: F401  (the interpreter fixes, when interpreting)
 

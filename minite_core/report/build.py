@@ -95,6 +95,8 @@ def section_kernel_check(results: Path) -> str:
     if res is None:
         return head + "_not run_\n"
     m, c = res["metrics"], res["config"]
+    if c.get("skipped"):
+        return head + f"_skipped on `{c['device']}`_: {c['skipped']}.\n"
     rows = [[r["kernel"], r["shape"], r["backend"], r["compile_s"], r["max_err"], r["verdict"]] for r in res["rows"]]
     return (head + f"{m['checks']} checks on `{c['device']}` ({res['env'].get('gpu')}), {m['failed']} failed; the "
             f"kernels of profiles {', '.join(c['profiles'])}. Codes and scales are compared bitwise with the "
