@@ -9,7 +9,7 @@ import sys
 COMMANDS = {
     "kernels": ("minite_core.bench.kernel_check", "compile and check every W4A4 kernel the experiment uses"),
     "quant-error": ("minite_core.bench.quant_error", "SQNR of every NVFP4 quantizer variant"),
-    "bench": ("minite_core.bench.cli", "benchmarks: `bench kernels`, `bench learner`"),
+    "bench": ("minite_core.bench.cli", "benchmarks: `bench kernels`, `bench learner`, `bench sampler`"),
     "diagnose": ("minite_core.diagnostics.cli", "learner<->sampler mismatch, first divergence, attribution"),
     "data": ("minite_core.task.data", "make the task's train/held-out JSONL and the tokenizer"),
     "pretrain": ("minite_core.rl.pretrain", "SFT-pretrain the base model on the task"),

@@ -86,6 +86,7 @@ def run_options(config: dict, *, kernels: str | None = None, compute: bool = Tru
     opts = f"--experiment {config['experiment']} --seed {config['seed'] if seed is None else seed}"
     if compute:
         opts += f" --device {config['device']} --kernels {kernels or config['kernels']}"
+        opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
     return opts
 
 

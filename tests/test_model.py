@@ -132,7 +132,7 @@ def test_kv_cache_decode_matches_full_forward(cfg):
         cache = KVCache.for_model(model, batch_size=3, max_len=16)
         steps = [model(ids[:, :prompt_slots], attention_mask=mask[:, :prompt_slots], cache=cache)]  # prefill
         for t in range(prompt_slots, prompt_slots + new_tokens):  # teacher-forced decode, one token a step
-            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], cache=cache))
+            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, t:t + 1], cache=cache))
     logits_sut = torch.cat(steps, dim=1)
     assert cache.length == prompt_slots + new_tokens
     assert _max_err(logits_sut, logits_ref, mask) < CACHE_ATOL

@@ -146,21 +146,28 @@ def build(cfg: LearnerBenchConfig, device: torch.device):
     on the device: CausalLM.init_weights draws on CPU for device-independence, which throughput does not need
     and which costs tens of seconds at 4B parameters."""
     mcfg = cfg.model_config()
+    model, gen = random_model(mcfg, getattr(torch, cfg.param_dtype), device, cfg.seed)
+    fused = device.type == "cuda"  # one kernel over all parameters on GPU; CPU uses the default (foreach)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, **({"fused": True} if fused else {}))
+    track_optimizer(opt, model)  # quantized-weight caches are stale after each step
+    ids = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq + 1), generator=gen, device=device)
+    return model, opt, ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) inputs, (B, T) labels
+
+
+def random_model(mcfg, dtype: torch.dtype, device: torch.device, seed: int):
+    """CausalLM built on `device` in `dtype`, N(0, 0.02) / norms 1 from a device generator (returned, for the
+    caller's further draws): the benchmarks' model, which needs no cross-device determinism."""
     with torch.device(device):
         model = CausalLM(mcfg)
-    model.to(getattr(torch, cfg.param_dtype))
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    model.to(dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    fused = device.type == "cuda"  # one kernel over all parameters on GPU; CPU uses the default (foreach)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, **({"fused": True} if fused else {}))
-    track_optimizer(opt, model)  # quantized-weight caches are stale after each step
-    ids = torch.randint(0, mcfg.vocab_size, (cfg.batch, cfg.seq + 1), generator=gen, device=device)
-    return model, opt, ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) inputs, (B, T) labels
+    return model, gen
 
 
 def _set_step_seed(model, step: int, seed: int = 0) -> None:

@@ -30,7 +30,7 @@ import torch
 from minite_core.diagnostics import attribution as attr
 from minite_core.diagnostics.gate import check_budgets, parse_budgets, violation_line
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
-from minite_core.engines import Learner, Sampler
+from minite_core.engines import Learner, make_sampler
 from minite_core.engines.calibration import calibrate_on_examples, calibrate_on_sequences
 from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics, routing_agreement
 from minite_core.model import load_pretrained
@@ -127,9 +127,9 @@ def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts,
     """Sample with `sampler` (recording its routing and its processed log-prob rows), rescore with `learner`
     (replaying that routing when its profile says so) -> (metrics, by_position rows, rollout)."""
     learner, sampler = get_profile(learner), get_profile(sampler)
-    rollout = Sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                               top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size,
-                                               record_routes=True, keep_logprob_rows=True)
+    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                    top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size,
+                                                    record_routes=True, keep_logprob_rows=True)
     sc = Learner(model, learner, seed=seed, batch_size=batch_size).score(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
         with_argmax=True, routes=rollout.routes, record_routes=True, sampler_rows=rollout.logprob_rows)

@@ -8,11 +8,12 @@ block, router, GEMM (QuantLinear, GroupedLinear) and the LM head. Per op: relati
 (plus the first nonzero one).
 
 SUT modes: "prefill" runs B's forward exactly like the learner's (isolates the profile: formats, scales,
-arithmetic); "decode" replays the sampler's schedule on the given rollout — left-padded prompt prefill into the
-KV cache, then one (B, 1) step per response position, rows that already stopped fed a masked pad — the very
-batches `engines.Sampler` ran (isolates nothing: it is the real pair). With one profile on both sides, decode
-mode measures the engine gap alone (cached decode vs full sequence, left vs right padding, batch shape), which
-is the only gap left for minite↔minite: the op where it first appears is a finding to report, not to hide.
+arithmetic); "decode" replays the sampler's schedule on the given rollout — bucket-padded, left-padded prompt
+prefill into the static KV cache, then one (B, 1) step per response position, rows that already stopped fed a
+masked pad — the very batches `engines.Sampler` ran (isolates nothing: it is the real pair). With one profile
+on both sides, decode mode measures the engine gap alone (cached decode vs full sequence, left vs right padding,
+batch shape), which is the only gap left for minite↔minite: the op where it first appears is a finding to
+report, not to hide.
 
 Alignment: every call gets a token map (row, position in the sequence) per input slot, -1 for padding, so each
 token-major output row is keyed by (row, position); expert-GEMM rows (tokens sorted by expert) by (row,
@@ -32,8 +33,9 @@ import re
 
 import torch
 
-from minite_core.engines.batching import pack_left, pack_right
+from minite_core.engines.batching import pack_right
 from minite_core.engines.mismatch import TRACE_THRESHOLD, rel_error  # noqa: F401  (re-exported)
+from minite_core.engines.sampler import batch_bucket, batch_layout, cache_slots
 from minite_core.model import KVCache, set_profile
 from minite_core.model.qwen3_moe import Attention, DecoderLayer, DenseMLP, SparseMoE
 from minite_core.model.routing import Routing, moe_layers, pad_routes, replay_tables, use_routing
@@ -139,22 +141,25 @@ def _run_full(model, rec, prompt_ids, response_ids, device):
 
 
 def _run_decode(model, rec, prompt_ids, response_ids, device):
-    # the Sampler's schedule: left-padded prefill, then step k feeds response token k of rows with k < R_i
-    B, P = len(prompt_ids), max(map(len, prompt_ids))
-    plen = torch.tensor([len(p) for p in prompt_ids], device=device)
-    ids, attn = pack_left(prompt_ids, device=device)  # (B, P), as the sampler prefills
+    # the Sampler's schedule (engines.sampler): bucket-padded, left-padded prefill into the static cache, then
+    # step k feeds response token k of rows with k < R_i (the others a masked pad); dummy rows are never compared
+    n, B = len(prompt_ids), batch_bucket(len(prompt_ids))
+    ids, real = batch_layout(prompt_ids, B, device)  # (B, P)
+    P = ids.shape[1]
+    lens = [len(r) for r in response_ids] + [0] * (B - n)
+    plen = torch.tensor([len(p) for p in prompt_ids] + [0] * (B - n), device=device)
     slot = torch.arange(P, device=device)[None]
     rows = torch.arange(B, device=device)[:, None]
-    T = max(map(len, response_ids))
-    cache = KVCache.for_model(model, B, P + T, device=device)
-    rec.token_map = _flat_ids(rows.expand(B, P), slot - (P - plen)[:, None], attn.bool())
-    model(ids, attention_mask=attn, cache=cache)
+    T = max(lens)
+    cache = KVCache.for_model(model, B, cache_slots(P, T), device=device)
+    rec.token_map = _flat_ids(rows.expand(B, P), slot - (P - plen)[:, None], real)
+    model(ids, attention_mask=real, cache=cache)
     for k in range(T - 1):  # the sampler never feeds the last token it samples
-        alive = torch.tensor([k < len(r) for r in response_ids], device=device)
-        tok = torch.tensor([r[k] if k < len(r) else PAD_ID for r in response_ids], device=device)[:, None]
-        attn = torch.cat([attn, alive.long()[:, None]], dim=1)
+        alive = torch.tensor([k < m for m in lens], device=device)
+        tok = torch.tensor([r[k] if k < len(r) else PAD_ID for r in response_ids] + [PAD_ID] * (B - n),
+                           device=device)[:, None]
         rec.token_map = _flat_ids(rows, (plen + k)[:, None], alive[:, None])
-        model(tok, attention_mask=attn, cache=cache)
+        model(tok, attention_mask=alive[:, None], cache=cache)
 
 
 def _record(model, profile, prompt_ids, response_ids, mode, routes=None) -> _Recorder:

@@ -1,5 +1,6 @@
 """Engines: the learner (full-sequence response log-probs, the numbers the RL loss uses) and the sampler
-(KV-cache batched generation with processed log-probs), each running one execution profile on a shared model,
+(KV-cache batched generation with processed log-probs: the reference loop and the fast static-buffer /
+CUDA-graph decode, `make_sampler` picks one), each running one execution profile on a shared model,
 and what they share (batching, the mismatch metrics, the calibration path). Names resolve lazily (PEP 562), so
 importing a light submodule (engines.mismatch) does not load the model."""
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"Learner": "learner", "Sampler": "sampler", "Rollout": "sampler", "processed_logprobs": "sampler",
+            "FastSampler": "fast_sampler", "make_sampler": "fast_sampler", "resolve_engine": "fast_sampler",
             "pack_left": "batching", "pack_right": "batching"}
 __all__ = list(_EXPORTS)
 

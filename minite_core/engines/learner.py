@@ -65,7 +65,7 @@ class Learner:
             for s in range(0, N, step):
                 # right padding needs no key mask (real queries never see the pads after them): on CUDA the
                 # mask is dropped so SDPA takes its flash kernel; on CPU it stays (CPU results stay bitwise)
-                key_mask = None if ids.is_cuda else attn[s:s + step]
+                key_mask = None if ids.is_cuda else attn[s:s + step]  # (not `mask`: that is the return value)
                 logits = self.model(ids[s:s + step], attention_mask=key_mask)  # (n, L, V)
                 idx = pos[s:s + step, :, None].expand(-1, -1, logits.shape[-1])  # (n, T, V)
                 chunks.append(logits.gather(1, idx))

@@ -1,32 +1,46 @@
-"""Sampler: the rollout engine — batched KV-cache generation under one execution profile.
+"""Sampler: the rollout engine — batched KV-cache generation under one execution profile (the reference).
 
 What: `Sampler(model, profile).generate(prompts, ...)` returns a `Rollout` with the sampled response tokens, the
 log-probability the sampler gave each of them, and the sampler's own argmax token at each step (for the
-argmax-flip diagnostic). The model object is the learner's (weights as after a weight sync); the sampler puts its
-profile on it before running, so "same weights, different execution" is literally one module tree under two
-profiles.
+argmax-flip diagnostic); optionally each step's full processed log-prob row. The model object is the learner's
+(weights as after a weight sync); the sampler puts its profile on it before running, so "same weights, different
+execution" is literally one module tree under two profiles.
+
+This module is the REFERENCE: a plain loop, one host sync per row per step. `engines.fast_sampler` runs the same
+computation with static buffers, no per-token host sync and a CUDA graph per batch bucket; tests show the two
+give the same tokens, log-probs, argmax ids and finished flags bitwise on CPU. What both share lives here:
+`batch_layout` (left padding, bucket padding, cache slots), `race_noise` and `sample_step`.
 
 How it runs (the way vLLM / SGLang serve a batch, reduced to its numerics):
-- prompts are left-padded to the batch's longest prompt and prefilled in one forward that fills the KV cache;
-  then one token per step, each step a (B, 1) forward against the cache. The sampler therefore executes
-  *cached decode*, the learner a *full-sequence* forward: with per-tensor dynamic activation scales the amax of
-  a decode step is taken over B tokens (one per row), not over the whole sequence — part of the gap the
-  diagnostics measure. Pad tokens (left padding, finished rows) are real embeddings and enter per-tensor
-  amaxes; a per-token scale (`scale_mode="row"`) is immune to both.
+- prompts are left-padded to the batch's longest prompt and prefilled in one forward that fills a static KV
+  cache; then one token per step, each step a (B, 1) forward against the cache. Every cached forward attends
+  over all cache slots under the cache's slot mask (model/kv_cache.py), the layout a CUDA graph needs. The
+  sampler therefore executes *cached decode*, the learner a *full-sequence* forward: with per-tensor dynamic
+  activation scales the amax of a decode step is taken over B tokens (one per row), not over the whole
+  sequence — part of the gap the diagnostics measure. Pad tokens (left padding, finished rows) are real
+  embeddings and enter per-tensor amaxes; a per-token scale (`scale_mode="row"`) is immune to both.
+- the batch is padded with dummy rows up to its bucket (`batch_bucket`: 1, 2, 4, then multiples of 8, as vLLM's
+  CUDA-graph sizes): one fully masked pad prompt, finished from the start, dropped from the result. Both samplers
+  pad, so their GEMMs see the same M — on CPU an fp32 GEMM's bits depend on M (torch 2.13 CPU, measured: rows
+  of an M in {1, 2, 3, 5, 7} product differ from the same rows in a larger one). The cache has
+  `cache_slots(P, max_new_tokens)` slots (rounded up to 64, so CUDA graphs are reused across prompt lengths).
 - Log-probs are those of the PROCESSED distribution (vLLM's `processed_logprobs`): logits / temperature, then
   top-p filtering with renormalisation, log-softmax in fp32. temperature == 0 is greedy and, as vLLM skips the
   temperature for greedy rows, reports log-softmax(logits) at the argmax.
-- Sampling is an exponential race (vLLM's `random_sample`: argmax(p / q), q ~ Exp(1)), the noise drawn per row
-  from a `torch.Generator` seeded by `derive_seed(seed, prompt index)`: a row's tokens do not depend on which
-  other prompts share its batch, *as long as its logits do not* (per-tensor activation scales and pads make the
-  logits themselves batch-dependent — a numerics effect, kept on purpose).
+- Sampling is an exponential race (vLLM's `random_sample`: argmax(p / q), q ~ Exp(1)) with counter-based noise
+  (`race_noise`): q = -log(u), u = Philox4x32-10 (formats.philox, bit-identical to Triton's `tl.rand`) keyed by
+  the row's seed derive_seed(seed, prompt index) at counter (vocab index, step). Noise is a pure function of
+  (seed, prompt index, step, token), computed for the whole batch at once on the device: a row's tokens do not
+  depend on which other prompts share its batch, *as long as its logits do not* (per-tensor activation scales and
+  pads make the logits themselves batch-dependent — a numerics effect, kept on purpose). (Until this change the
+  noise came from one torch.Generator per row: same distribution, different bits, CPU != CUDA.)
 - A row stops at the first stop token (kept in the response) or after `max_new_tokens` (finished = False).
 - Only when asked (memory): `record_routes` keeps the expert ids every MoE layer executed for every token the
   sampler fed (prefill and each decode step; model/routing.py), per row in sequence order, for the routing
   diagnostics and for a learner that replays them (R3); `keep_logprob_rows` keeps the whole processed log-prob
   row (V values) of every sampled step, for the full-vocabulary KL.
 
-Shape legend: B = batch rows, P = padded prompt length, V = vocab.
+Shape legend: B = batch rows (bucket-padded), P = padded prompt length, S = cache slots, V = vocab.
 """
 from __future__ import annotations
 
@@ -34,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minite_core.engines.batching import pack_left
+from minite_core.formats import philox
 from minite_core.model import KVCache, set_profile
 from minite_core.model.routing import NOT_ROUTED, Routing, moe_layers, stack_calls, use_routing
 from minite_core.profiles import Profile, get_profile
@@ -100,8 +114,76 @@ def processed_logprobs(logits: torch.Tensor, *, temperature: float = 1.0, top_p:
     return torch.log_softmax(logits, dim=-1)
 
 
+# ---- shared by the reference and the fast sampler: batch layout, noise, one sampling step ------------------
+CACHE_SLOT_MULTIPLE = 64  # cache slots rounded up to this, so one CUDA graph serves many prompt lengths
+U_ZERO_GUARD = 2.0 ** -32  # u == 0 is read as half the smallest positive uniform (race_noise)
+
+
+def batch_bucket(n: int) -> int:
+    """Rows a batch of n prompts runs as: 1, 2, 4, then the next multiple of 8 (vLLM's CUDA-graph batch sizes:
+    at most 7 dummy rows, few graphs)."""
+    if n < 1:
+        raise ValueError(f"a batch needs at least one prompt, got {n}")
+    return n if n <= 2 else 4 if n <= 4 else -(-n // 8) * 8
+
+
+def cache_slots(prompt_len: int, max_new_tokens: int) -> int:
+    """KV-cache slots for a left-padded prompt of `prompt_len` and `max_new_tokens` (the last sampled token is
+    never fed back, so prompt_len + max_new_tokens - 1 are used), rounded up to CACHE_SLOT_MULTIPLE."""
+    return -(-(prompt_len + max_new_tokens) // CACHE_SLOT_MULTIPLE) * CACHE_SLOT_MULTIPLE
+
+
+def batch_layout(prompts: list[list[int]], rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt batch of `rows` >= len(prompts) rows -> ids (rows, P) long, real (rows, P) bool.
+    Rows past the prompts are dummy rows: all pad, no real token."""
+    P = max(map(len, prompts))
+    ids = torch.full((rows, P), PAD_ID, dtype=torch.long)
+    real = torch.zeros(rows, P, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        real[b, P - len(p):] = True
+    return ids.to(device), real.to(device)
+
+
+def row_seeds(seed: int, indices: list[int], rows: int, device) -> torch.Tensor:
+    """(rows,) int64: derive_seed(seed, prompt index) per prompt row, 0 for dummy rows."""
+    seeds = [derive_seed(seed, i) for i in indices] + [0] * (rows - len(indices))
+    return torch.tensor(seeds, dtype=torch.long, device=device)
+
+
+def race_noise(seeds: torch.Tensor, step, vocab: int) -> torch.Tensor:
+    """Exponential-race noise q ~ Exp(1), (B, V) fp32, for rows with Philox keys `seeds` (B,) int64 at decode
+    `step` (int or 0-dim int64 tensor on the device): q = -log(u), u = philox.uniform(seed, step * 2^32 + v), i.e.
+    Philox counter (c0, c1) = (vocab index v, step) — what a fused Triton kernel gets from tl.rand(seed, offset).
+    Guard: u == 0 (probability 2^-31 per draw) would give q = +inf, a token that can never win; it is read as
+    U_ZERO_GUARD = 2^-32, half the smallest positive uniform (q = 22.18, just past the grid's largest q, 21.49), so
+    every q is finite and positive and argmax(p / q) always picks a token with p > 0."""
+    offset = torch.arange(vocab, dtype=torch.long, device=seeds.device) + step * (1 << 32)  # (V,)
+    u = philox.uniform(seeds[:, None], offset[None, :])  # (B, V)
+    return -torch.log(torch.where(u == 0, torch.full_like(u, U_ZERO_GUARD), u))
+
+
+def sample_step(logits: torch.Tensor, seeds: torch.Tensor, step, *, temperature: float, top_p: float):
+    """One sampling step for the whole batch, on the device: logits (B, V) fp32 -> (token (B,), its processed
+    log-prob (B,), argmax of the logits (B,), processed log-probs (B, V)). temperature 0 = greedy (no noise)."""
+    logp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
+    top = logits.argmax(dim=-1)
+    tok = top if temperature == 0 else (logp.exp() / race_noise(seeds, step, logits.shape[-1])).argmax(dim=-1)
+    return tok, logp.gather(-1, tok[:, None])[:, 0], top, logp
+
+
+def check_generate_args(prompts, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """The ValueErrors both samplers raise for bad input."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
+
+
 class Sampler:
-    """Rollout engine: `generate` under `profile` on the (shared) model."""
+    """Rollout engine (reference): `generate` under `profile` on the (shared) model."""
 
     def __init__(self, model, profile: Profile | str, *, device: torch.device | str | None = None):
         self.model = model
@@ -111,23 +193,20 @@ class Sampler:
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None,
                  record_routes: bool = False, keep_logprob_rows: bool = False) -> Rollout:
+        """Rows in chunks of `batch_size` (None = all at once); `record_routes` adds Rollout.routes,
+        `keep_logprob_rows` Rollout.logprob_rows."""
         if not prompts:
             raise ValueError("no prompts given (an empty batch)")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0 or not 0.0 < top_p <= 1.0:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
+        check_generate_args(prompts, max_new_tokens, temperature, top_p)
         set_profile(self.model, self.profile)
         self.model.eval()
         batch_size = batch_size or max(len(prompts), 1)
-        record_routes = record_routes and bool(moe_layers(self.model))  # a dense model has nothing to route
-        out = Rollout([list(p) for p in prompts], [], [], [], [], routes=[] if record_routes else None,
+        out = Rollout([list(p) for p in prompts], [], [], [], [],
+                      routes=[] if record_routes and moe_layers(self.model) else None,
                       logprob_rows=[] if keep_logprob_rows else None)
         for start in range(0, len(prompts), batch_size):
             idx = list(range(start, min(start + batch_size, len(prompts))))
-            routing = Routing() if record_routes else None
+            routing = Routing() if out.routes is not None else None
             with use_routing(self.model, routing):
                 resp, lps, fin, amx, rows, fed = self._generate_batch(
                     [prompts[i] for i in idx], idx, max_new_tokens, temperature, top_p, frozenset(stop_ids), seed,
@@ -138,16 +217,17 @@ class Sampler:
             out.argmax_ids += amx
             if keep_logprob_rows:
                 out.logprob_rows += rows
-            if record_routes:
+            if out.routes is not None:
                 out.routes += self._row_routes(routing, [prompts[i] for i in idx], resp, fed)
         return out
 
     def _row_routes(self, routing: Routing, prompts, resp, fed: list[int]) -> list[torch.Tensor]:
         """The batch's recorded calls (left-padded prefill, then one slot per decode step) -> per row
         (P_i + R_i, Lm, K) in sequence order; fed[b] = decode steps that fed row b a real token (its first
-        fed[b] response tokens, contiguous: a row that stopped is fed pads from then on)."""
+        fed[b] response tokens, contiguous: a row that stopped is fed pads from then on). Dummy (bucket) rows
+        come after the prompt rows and are dropped."""
         B, P = len(prompts), max(map(len, prompts))
-        calls = stack_calls(routing, moe_layers(self.model), B)  # (B, P + steps, Lm, K)
+        calls = stack_calls(routing, moe_layers(self.model), batch_bucket(B))  # (rows, P + steps, Lm, K)
         out = []
         for b, (p, r) in enumerate(zip(prompts, resp)):
             row = torch.full((len(p) + len(r), *calls.shape[2:]), NOT_ROUTED, dtype=calls.dtype,
@@ -157,81 +237,70 @@ class Sampler:
             out.append(row)
         return out
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: nn caches weight copies made here, and the learner's autograd reuses them
     def _generate_batch(self, prompts, indices, max_new_tokens, temperature, top_p, stop_ids, seed, keep_rows):
         dev, B = self.device, len(prompts)
-        ids, attn = pack_left(prompts, device=dev)  # (B, P) left-padded
-        P = ids.shape[1]
-        cache = KVCache.for_model(self.model, B, P + max_new_tokens, device=dev)
-        logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
-        gens = [torch.Generator(device=dev).manual_seed(derive_seed(seed, i)) for i in indices]
-        resp, lps, amx = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
-        rows = [[] for _ in range(B)]  # per row: its (V,) processed log-prob rows, when keep_rows
+        rows = batch_bucket(B)  # + dummy rows, exactly as the fast sampler pads
+        ids, real = batch_layout(prompts, rows, dev)  # (rows, P)
+        cache = KVCache.for_model(self.model, rows, cache_slots(ids.shape[1], max_new_tokens), device=dev)
+        logits = self.model(ids, attention_mask=real, cache=cache)[:, -1]  # (rows, V) prefill
+        seeds = row_seeds(seed, indices, rows, dev)
+        resp, lps, amx, kept = ([[] for _ in range(B)] for _ in range(4))
         fed = [0] * B  # decode steps that fed each row a real token
-        done = [False] * B
+        done = [False] * B + [True] * (rows - B)  # dummy rows are finished from the start
         for step in range(max_new_tokens):
-            logp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
-            if temperature == 0:
-                tok = logits.argmax(dim=-1)
-            else:
-                noise = torch.stack([torch.empty(logp.shape[-1], device=dev).exponential_(generator=g)
-                                     for g in gens])  # (B, V) one stream per row
-                tok = (logp.exp() / noise).argmax(dim=-1)
-            tok_lp = logp.gather(-1, tok[:, None])[:, 0]
-            top = logits.argmax(dim=-1)
+            tok, tok_lp, top, logp = sample_step(logits, seeds, step, temperature=temperature, top_p=top_p)
             active = [not d for d in done]
             for b in range(B):
                 if active[b]:
-                    t = int(tok[b])
+                    t = int(tok[b])  # reference: one host sync per row per step (the fast sampler has none)
                     resp[b].append(t)
                     lps[b].append(float(tok_lp[b]))
                     amx[b].append(int(top[b]))
                     if keep_rows:
-                        rows[b].append(logp[b])
+                        kept[b].append(logp[b])
                     done[b] = t in stop_ids
             if all(done) or step == max_new_tokens - 1:
                 break
-            fed = [f + a for f, a in zip(fed, active)]
             alive = torch.tensor(active, device=dev)  # rows finished before this step feed a masked pad
-            step_ids = torch.where(alive, tok, torch.full_like(tok, PAD_ID))[:, None]  # (B, 1)
-            attn = torch.cat([attn, alive.long()[:, None]], dim=1)
-            logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
-        rows = [torch.stack(r) if r else torch.zeros(0, logits.shape[-1], device=dev) for r in rows] if keep_rows \
+            fed = [f + a for f, a in zip(fed, active[:B])]
+            step_ids = torch.where(alive, tok, torch.full_like(tok, PAD_ID))[:, None]  # (rows, 1)
+            logits = self.model(step_ids, attention_mask=alive[:, None], cache=cache)[:, -1]
+        kept = [torch.stack(r) if r else torch.zeros(0, logits.shape[-1], device=dev) for r in kept] if keep_rows \
             else None
-        return resp, lps, done, amx, rows, fed
+        return resp, lps, done[:B], amx, kept, fed
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def score(self, prompts: list[list[int]], responses: list[list[int]], *, temperature: float = 1.0,
               top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Teacher-forced decode: the log-probs this sampler gives *given* tokens (e.g. another engine's rollout),
-        computed with exactly `generate`'s schedule — left-padded prefill into the KV cache, then one (B, 1) step
-        per response position, rows that already stopped fed a masked pad. -> (logp (N, T) fp32, mask (N, T),
-        argmax (N, T)), the Learner.logprobs layout (masked positions hold finite junk)."""
+        computed with exactly `generate`'s schedule — the same bucket-padded, left-padded prefill into the static
+        KV cache, then one (rows, 1) step per response position, rows that already stopped fed a masked pad.
+        -> (logp (N, T) fp32, mask (N, T), argmax (N, T)), the Learner.logprobs layout (masked positions hold
+        finite junk)."""
         if len(prompts) != len(responses) or any(len(p) == 0 for p in prompts):
             raise ValueError("score needs one non-empty prompt per response")
         set_profile(self.model, self.profile)
         self.model.eval()
         dev, B = self.device, len(prompts)
-        P, T = max(map(len, prompts)), max(map(len, responses), default=0)
-        ids = torch.full((B, P), PAD_ID, dtype=torch.long, device=dev)  # (B, P) left-padded
-        attn = torch.zeros(B, P, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
-            attn[b, P - len(p):] = 1
-        cache = KVCache.for_model(self.model, B, P + max(T, 1), device=dev)
-        logits = self.model(ids, attention_mask=attn, cache=cache)[:, -1]  # (B, V) prefill
-        tok = torch.full((B, T), PAD_ID, dtype=torch.long, device=dev)
+        T = max(map(len, responses), default=0)
+        rows = batch_bucket(B)
+        ids, real = batch_layout(prompts, rows, dev)  # (rows, P)
+        cache = KVCache.for_model(self.model, rows, cache_slots(ids.shape[1], max(T, 1)), device=dev)
+        logits = self.model(ids, attention_mask=real, cache=cache)[:, -1]  # (rows, V) prefill
+        tok = torch.full((rows, T), PAD_ID, dtype=torch.long, device=dev)
+        lengths = torch.zeros(rows, dtype=torch.long, device=dev)
         for b, r in enumerate(responses):
             tok[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=dev)
-        mask = torch.arange(T, device=dev)[None] < torch.tensor([len(r) for r in responses], device=dev)[:, None]
-        logp, amx = torch.zeros(B, T, device=dev), torch.zeros(B, T, dtype=torch.long, device=dev)
+            lengths[b] = len(r)
+        mask = torch.arange(T, device=dev)[None] < lengths[:, None]  # (rows, T)
+        logp, amx = torch.zeros(rows, T, device=dev), torch.zeros(rows, T, dtype=torch.long, device=dev)
         for k in range(T):
-            lp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (B, V)
+            lp = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (rows, V)
             logp[:, k], amx[:, k] = lp.gather(-1, tok[:, k:k + 1])[:, 0], logits.argmax(dim=-1)
             if k == T - 1:
                 break
             alive = mask[:, k]  # the sampler feeds token k only to rows that sampled it (see generate)
-            step_ids = torch.where(alive, tok[:, k], torch.full_like(tok[:, k], PAD_ID))[:, None]  # (B, 1)
-            attn = torch.cat([attn, alive.long()[:, None]], dim=1)
-            logits = self.model(step_ids, attention_mask=attn, cache=cache)[:, -1]
-        return logp, mask, amx
+            step_ids = torch.where(alive, tok[:, k], torch.full_like(tok[:, k], PAD_ID))[:, None]  # (rows, 1)
+            logits = self.model(step_ids, attention_mask=alive[:, None], cache=cache)[:, -1]
+        return logp[:B], mask[:B], amx[:B]

@@ -5,9 +5,10 @@ with our `load_pretrained`, puts the named profile on it (`set_profile`) and ans
 - `loglikelihood` (multiple choice): one right-padded full-sequence forward per batch, log-softmax in fp32, the sum
   of the continuation's token log-probs + whether greedy decoding would produce it;
 - `loglikelihood_rolling` (perplexity): lm-eval's disjoint rolling windows over the string, scored the same way;
-- `generate_until`: greedy decoding through the RL stage's own rollout engine (`engines.Sampler`, temperature 0,
-  KV cache, left padding), then the text cut at the first stop string — so an eval score is what the *sampler* of
-  the RL loop would produce under that profile, not a separate decoding path.
+- `generate_until`: greedy decoding through the RL stage's own rollout engine (`engines.make_sampler`: the fast
+  CUDA-graph sampler on the GPU, the reference on CPU; temperature 0, KV cache, left padding), then the text cut
+  at the first stop string — so an eval score is what the *sampler* of the RL loop would produce under that
+  profile, not a separate decoding path.
 
 Why our own model and not lm-eval's `hf`: `hf` runs transformers' modules, which know nothing of NVFP4 execution
 profiles; here every GEMM runs the profile's numerics. The peer check (tests/test_eval.py) runs the same
@@ -46,7 +47,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm import tqdm
 
 from minite_core.engines.calibration import calibrate_on_examples
-from minite_core.engines.sampler import Sampler
+from minite_core.engines.fast_sampler import make_sampler
 from minite_core.model import load_pretrained, set_profile
 from minite_core.nn import is_calibrated
 from minite_core.profiles import Profile, get_profile
@@ -199,13 +200,14 @@ class MiniteLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy decoding via `engines.Sampler`; requests grouped by their generation kwargs."""
+        """Greedy decoding via the RL stage's sampler engine (`engines.make_sampler`); requests grouped by their
+        generation kwargs."""
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
         eos_text = self.tokenizer.decode([self.eot_token_id], skip_special_tokens=False)
         out: list[str | None] = [None] * len(requests)
-        sampler = Sampler(self.model, self.profile, device=self._device)
+        sampler = make_sampler(self.model, self.profile, device=self._device)
         for members in groups.values():
             kwargs = normalize_gen_kwargs(requests[members[0]].args[1], self.max_gen_toks)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)

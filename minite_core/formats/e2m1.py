@@ -64,9 +64,16 @@ def e2m1_encode_sr(v_fp32: torch.Tensor, generator: torch.Generator | None = Non
     return mag | ((v_fp32 < 0).to(torch.uint8) << 3)
 
 
+_DECODE_LUT: dict[torch.device, torch.Tensor] = {}  # e2m1_values per device, built once
+
+
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    """Codes (uint8, one per element) -> fp32 values."""
-    return e2m1_values(codes.device)[codes.long()]
+    """Codes (uint8, one per element) -> fp32 values. The table is built once per device: a fresh one per call
+    is a host-to-device copy, i.e. a host sync per GEMM on a GPU and illegal inside a CUDA-graph capture."""
+    lut = _DECODE_LUT.get(codes.device)
+    if lut is None:
+        lut = _DECODE_LUT[codes.device] = e2m1_values(codes.device)
+    return lut[codes.long()]
 
 
 def to_e4m3(x_fp32: torch.Tensor) -> torch.Tensor:

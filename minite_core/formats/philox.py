@@ -25,21 +25,31 @@ import torch
 _M32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
-_UNIFORM_SCALE = torch.tensor(4.6566127342e-10, dtype=torch.float32)  # Triton's scale, as fp32
+_UNIFORM_SCALE_FP32 = torch.tensor(4.6566127342e-10, dtype=torch.float32).item()  # Triton's scale, rounded to fp32
 N_ROUNDS = 10
 
 
-def philox4(seed: int, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The four 32-bit outputs (c0, c1, c2, c3) of Philox4x32-10 for `seed` (int, < 2^64) at counters `offset`
-    (int64 tensor, >= 0), as `tl.randint4x`. Each is int64 holding the uint32 value, same shape as `offset`."""
+def philox4(seed: int | torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                      torch.Tensor]:
+    """The four 32-bit outputs (c0, c1, c2, c3) of Philox4x32-10 for `seed` at counters `offset` (int64 tensor,
+    >= 0), as `tl.randint4x`. seed: an int in [0, 2^64), or an int64 tensor of seeds in [0, 2^63) broadcastable
+    against `offset` (one key per row: a batch of independent streams in one call; its values are not
+    range-checked, which would need a host sync). Each output is int64 holding the uint32 value, of the
+    broadcast shape."""
     if offset.dtype != torch.int64:
         raise ValueError(f"philox offsets must be int64, got {offset.dtype}")
-    seed = int(seed)
-    if not 0 <= seed < 1 << 64:
-        raise ValueError(f"philox seed must be in [0, 2^64), got {seed}")
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64:
+            raise ValueError(f"philox seed tensors must be int64, got {seed.dtype}")
+        seed, offset = torch.broadcast_tensors(seed, offset)
+        k0, k1 = seed & _M32, (seed >> 32) & _M32
+    else:
+        seed = int(seed)
+        if not 0 <= seed < 1 << 64:
+            raise ValueError(f"philox seed must be in [0, 2^64), got {seed}")
+        k0, k1 = seed & _M32, seed >> 32
     c0, c1 = offset & _M32, (offset >> 32) & _M32
     c2 = c3 = torch.zeros_like(offset)
-    k0, k1 = seed & _M32, seed >> 32
     for _ in range(N_ROUNDS):
         prod_b, prod_a = c2 * _ROUND_B, c0 * _ROUND_A  # < 2^64: wraps in int64, low 64 bits exact
         c0, c2 = ((prod_b >> 32) & _M32) ^ c1 ^ k0, ((prod_a >> 32) & _M32) ^ c3 ^ k1
@@ -52,11 +62,13 @@ def to_uniform(x: torch.Tensor) -> torch.Tensor:
     """A uint32 (held in int64) -> fp32 in [0, 1), as Triton's `uint_to_uniform_float`."""
     x = torch.where(x >= 1 << 31, x - (1 << 32), x)  # the uint32 read as int32
     x = torch.where(x < 0, -x - 1, x)
-    return x.to(torch.float32) * _UNIFORM_SCALE.to(x.device)
+    # the fp32 constant as a Python float: an fp32 tensor times a Python scalar multiplies by fp32(scalar), the
+    # same bits as the fp32 tensor constant, with no host-to-device copy (which a CUDA-graph capture forbids)
+    return x.to(torch.float32) * _UNIFORM_SCALE_FP32
 
 
-def uniform(seed: int, offset: torch.Tensor) -> torch.Tensor:
-    """`tl.rand(seed, offset)`: fp32 uniforms in [0, 1), one per offset (int64 tensor)."""
+def uniform(seed: int | torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """`tl.rand(seed, offset)`: fp32 uniforms in [0, 1), one per offset (int64 tensor); seed as in `philox4`."""
     return to_uniform(philox4(seed, offset)[0])
 
 

@@ -1,6 +1,6 @@
 """Qwen3-MoE / dense Qwen3 causal LM whose every GEMM is a profile-driven QuantLinear / GroupedLinear.
 
-Shape legend: B = batch, T = new tokens, S = key slots (cache length + T), D = hidden, H = query heads,
+Shape legend: B = batch, T = new tokens, S = key slots (T, or the cache's max_len), D = hidden, H = query heads,
 Hkv = key/value heads, Dh = head dim, E = experts, K = experts per token, I = expert width, N = B*T tokens,
 V = vocab.
 
@@ -20,7 +20,9 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   left-padded row gets the positions it would have unpadded, in full-sequence and cached forwards alike
   (transformers' forward uses arange and leaves this to `generate`).
 - Attention is torch SDPA with an explicit boolean mask (causal + padding); a padded query row that would see
-  no key is allowed its own slot, so pad positions give finite (ignored) logits instead of NaN.
+  no key is allowed its own slot, so pad positions give finite (ignored) logits instead of NaN. With a KVCache
+  (static buffers, model/kv_cache.py) every forward — prefill and decode — attends over all S slots of the
+  cache under its slot mask: one cached-attention path for the reference and the fast (CUDA-graph) sampler.
 """
 from __future__ import annotations
 
@@ -231,24 +233,33 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """input_ids (B, T); attention_mask (B, cache.length + T), 1 = real token; -> logits (B, T, V) fp32."""
+        """input_ids (B, T); attention_mask (B, T), 1 = real token: of the whole sequence without a cache, of the
+        T new tokens with one (the cache's slot mask remembers the earlier ones); -> logits (B, T, V) fp32.
+        With a cache the forward is host-sync free and shape-static in the cache (CUDA-graph capturable)."""
         B, T = input_ids.shape
-        past = cache.length if cache is not None else 0
         dtype = torch_dtype(self.profile.dtype)
-        if cache is not None and cache.dtype != dtype:
-            raise ValueError(f"KVCache dtype {cache.dtype} != compute dtype {dtype} of profile {self.profile.name!r}")
-        if attention_mask is not None:
-            if attention_mask.shape != (B, past + T):
-                raise ValueError(f"attention_mask must be (B, cache length + T) = {(B, past + T)}, "
-                                 f"got {tuple(attention_mask.shape)}")
-            real = attention_mask.bool()  # (B, S)
-            if position_ids is None:
-                position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        if attention_mask is not None and attention_mask.shape != (B, T):
+            raise ValueError(f"attention_mask must be (B, T) = {(B, T)} (the new tokens' mask when a cache is "
+                             f"given), got {tuple(attention_mask.shape)}")
+        if cache is not None:
+            if cache.dtype != dtype:
+                raise ValueError(f"KVCache dtype {cache.dtype} != compute dtype {dtype} of profile "
+                                 f"{self.profile.name!r}")
+            real = (attention_mask.bool() if attention_mask is not None
+                    else torch.ones(B, T, dtype=torch.bool, device=input_ids.device))  # (B, T)
+            slots = cache.begin(real)  # (T,) on the device
+            if position_ids is None:  # count of real tokens before each position, as without a cache
+                position_ids = (cache.n_real[:, None] + real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+            mask = self._cached_mask(cache.valid, slots)  # (B, 1, T, S) over every slot of the cache
+        else:
+            mask = None  # None = SDPA's is_causal fast path
+            if attention_mask is not None:
+                real = attention_mask.bool()  # (B, T)
+                if position_ids is None:
+                    position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+                mask = self._mask(real, B, T, input_ids.device)
         if position_ids is None:
-            position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
-        mask = None  # None + no cache = SDPA's is_causal fast path
-        if attention_mask is not None or cache is not None:
-            mask = self._mask(real if attention_mask is not None else None, B, T, past, input_ids.device)
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
 
         x = self.model.embed_tokens(input_ids).to(dtype)  # (B, T, D)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
@@ -262,19 +273,25 @@ class CausalLM(nn.Module):
                 x = layer(x, cos, sin, mask, cache)
             x = self.model.norm(x)
         if cache is not None:
-            cache.advance(T)
+            cache.advance(real)
         return self.lm_head(x.to(torch_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
 
     @staticmethod
-    def _mask(real: torch.Tensor | None, B: int, T: int, past: int, device) -> torch.Tensor:
-        # real: (B, S) bool or None -> (B, 1, T, S) bool, True = may attend. Slots are cache positions.
-        q_slot = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
-        k_slot = torch.arange(past + T, device=device)[None, :]  # (1, S)
-        allowed = (k_slot <= q_slot)[None].expand(B, T, past + T)  # (B, T, S)
-        if real is not None:
-            allowed = allowed & real[:, None, :]
-            allowed = allowed | (k_slot == q_slot)[None]  # padded queries see themselves: finite, never NaN
+    def _mask(real: torch.Tensor, B: int, T: int, device) -> torch.Tensor:
+        # real: (B, T) bool -> (B, 1, T, T) bool, True = may attend (causal + padding)
+        pos = torch.arange(T, device=device)
+        allowed = (pos[None, :] <= pos[:, None])[None] & real[:, None, :]  # (B, T, T)
+        allowed = allowed | torch.eye(T, dtype=torch.bool, device=device)[None]  # padded queries see themselves
         return allowed[:, None]
+
+    @staticmethod
+    def _cached_mask(valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        # valid: (B, S) bool slot mask of the cache, slots: (T,) the new tokens' slots -> (B, 1, T, S) bool:
+        # a query sees the valid slots up to its own; a padded query also sees itself (finite, never NaN)
+        k_slot = torch.arange(valid.shape[1], device=valid.device)[None, :]  # (1, S)
+        q_slot = slots[:, None]  # (T, 1)
+        allowed = (k_slot <= q_slot)[None] & valid[:, None, :]  # (B, T, S)
+        return (allowed | (k_slot == q_slot)[None])[:, None]
 
     # ---- utilities -------------------------------------------------------------------------------------------
     def num_parameters(self) -> int:

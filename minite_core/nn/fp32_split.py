@@ -56,6 +56,13 @@ def weight_parts(weight: torch.Tensor, cache: dict | None) -> list[torch.Tensor]
     return parts
 
 
+def fp32_split_linear(x: torch.Tensor, weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
+    """y = x @ Wᵀ in fp32 for x (..., K) bf16 or fp32 and the fp32 master weight (N, K) -> (..., N) fp32."""
+    lead = x.shape[:-1]
+    y = Fp32SplitLinear.apply(x.reshape(-1, x.shape[-1]), weight, cache)
+    return y.reshape(*lead, weight.shape[0])
+
+
 class Fp32SplitLinear(torch.autograd.Function):
     """y = x @ Wᵀ in fp32 from bf16 pieces. x: (M, K) bf16 or fp32; weight: (N, K) fp32 master."""
 

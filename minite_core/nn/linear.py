@@ -31,7 +31,7 @@ from torch import nn
 
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch, vllm_cpu
-from minite_core.nn.fp32_split import Fp32SplitLinear
+from minite_core.nn.fp32_split import fp32_split_linear
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import dgrad_seed, wgrad_seed
 
@@ -156,7 +156,7 @@ class _CastLinear(torch.autograd.Function):
 
 def _plain_linear(x, weight, dtype, cache):
     if dtype == torch.float32 and weight.dtype == torch.float32 and dispatch.fast_path(x):
-        return Fp32SplitLinear.apply(x, weight, cache)  # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py)
+        return fp32_split_linear(x, weight, cache)  # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py)
     x = x.to(dtype)
     if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
         return F.linear(x, _cast_weight(weight, dtype, cache))

@@ -60,9 +60,9 @@ def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
     counts = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + ALIGN - 1) // ALIGN * ALIGN
     tp = padded_rows(N, k, E)
-    offs = torch.zeros(E + 1, dtype=torch.int64, device=dev)
-    offs[1:E] = torch.cumsum(padded, 0)[:-1]
-    offs[E] = tp
+    # (E + 1,): 0, cumulative padded counts, Tp — built from device tensors only (writing the Python int tp into a
+    # CUDA tensor would be a host-to-device copy: a sync, which a CUDA graph capture refuses)
+    offs = torch.cat([padded.new_zeros(1), torch.cumsum(padded, 0)[:-1], padded.new_full((1,), tp)])
     order = torch.argsort(flat, stable=True)  # (N*k,) assignment slots sorted by expert, rank order inside
     sorted_e = flat[order]
     rank = torch.arange(N * k, device=dev) - (torch.cumsum(counts, 0) - counts)[sorted_e]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from minite_core.profiles import PROFILES
 from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table
-from minite_core.report.tables import eval_table, quant_error_table, throughput_section
+from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
 
 PAIR_LABELS = {
     "bf16:bf16": "BF16 ↔ BF16",
@@ -101,6 +101,11 @@ def section_kernel_check(results: Path) -> str:
             f"plain-torch reference, GEMM outputs by relative error (tolerance {c['gemm_tol']:g}: fp32 accumulation "
             "order); compile = the first call's wall time (Triton JIT; the interpreter on CPU).\n\n"
             + _table(["kernel", "shape", "backend", "compile (s)", "max error", "verdict"], rows))
+
+
+def section_sampler_throughput(results: Path) -> str:
+    path = results / "throughput" / "sampler.json"
+    return sampler_section(path if path.exists() else None)
 
 
 def section_kernels(results: Path) -> str:
@@ -286,9 +291,9 @@ def section_peers(results: Path) -> str:
             + summary.read_text().split("\n", 1)[1])  # drop the file's own title
 
 
-SECTIONS = [section_header, section_kernel_check, section_throughput, section_kernels, section_quant_error,
-            section_pretrain, section_mismatch, section_trace, section_attribution, section_rl, section_eval,
-            section_peers]
+SECTIONS = [section_header, section_kernel_check, section_throughput, section_sampler_throughput, section_kernels,
+            section_quant_error, section_pretrain, section_mismatch, section_trace, section_attribution, section_rl,
+            section_eval, section_peers]
 
 
 def build(results: Path) -> str:

@@ -7,9 +7,10 @@ What:
   levels in file order (per-level counts differ by at most one), so every evaluation of a run, and every run of an
   experiment, scores the same problems. n = 0: the whole split.
 - ``evaluate(model, profile, tok, examples, ...)``: greedy generation of every problem through the sampler engine
-  (``engines.make_sampler`` when it exists — the fast CUDA-graph decode on the GPU —, else the reference
-  ``Sampler``), batched ``batch_size`` rows at a time, never a Python loop per problem; -> ``Heldout`` with the
-  per-problem outcome (kept so that two evaluations can be compared problem by problem).
+  (``engines.make_sampler``: the fast CUDA-graph decode on the GPU, the reference on CPU; or the caller's own
+  sampler, e.g. an RL run's, whose captured graphs it then reuses), batched ``batch_size`` rows at a time, never a
+  Python loop per problem; -> ``Heldout`` with the per-problem outcome (kept so that two evaluations can be
+  compared problem by problem).
 - ``binomial_se(acc, n)`` = sqrt(acc (1 - acc) / n): the standard error of an accuracy over n problems drawn from
   the task's distribution (512 problems: <= 2.2 points, at 50%). ``paired_gain(before, after)`` = mean of the
   per-problem difference and its standard error std(d) / sqrt(n) — smaller than sqrt(2) x the SE of either
@@ -31,8 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import minite_core.engines as engines
+from minite_core.engines import make_sampler
 from minite_core.model import set_profile
+from minite_core.profiles import get_profile
 from minite_core.task.arithmetic import LEVELS, reward
 from minite_core.task.tokenizer import decode_response, encode
 
@@ -101,21 +103,22 @@ class Heldout:
         return out
 
 
-def _sampler(model, profile):
-    """The stages' rollout engine: `engines.make_sampler` where the package has it, else the reference Sampler."""
-    make = getattr(engines, "make_sampler", None)
-    return make(model, profile) if make is not None else engines.Sampler(model, profile)
-
-
-def evaluate(model, profile, tok, examples: list[dict], *, max_new_tokens: int, batch_size: int = 512) -> Heldout:
-    """Greedy accuracy of ``model`` under ``profile`` on ``examples`` (module docstring). Leaves the model in the
-    train/eval mode and under the profile it had."""
+def evaluate(model, profile, tok, examples: list[dict], *, max_new_tokens: int, batch_size: int = 512,
+             sampler=None) -> Heldout:
+    """Greedy accuracy of ``model`` under ``profile`` on ``examples`` (module docstring), through ``sampler`` (a
+    Sampler on this model under this profile) or a new ``make_sampler`` one. Leaves the model in the train/eval
+    mode and under the profile it had."""
     if not examples:
         raise ValueError("no held-out problems to evaluate (an empty set)")
+    profile = get_profile(profile)
+    if sampler is None:
+        sampler = make_sampler(model, profile)
+    elif sampler.model is not model or sampler.profile != profile:
+        raise ValueError(f"evaluate: the sampler runs {sampler.profile.name!r} on another model or profile than "
+                         f"the {profile.name!r} asked for")
     before, was_training = model.profile, model.training
     prompts, _ = encode(tok, examples)
-    out = _sampler(model, profile).generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
-                                            batch_size=batch_size)
+    out = sampler.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0, batch_size=batch_size)
     correct = tuple(reward(decode_response(tok, r), e["answer"]) == 1.0 for r, e in zip(out.response_ids, examples))
     set_profile(model, before)
     model.train(was_training)

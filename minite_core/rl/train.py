@@ -5,10 +5,12 @@ Shape legend: B = prompts per step, G = group size, N = B*G responses, T = longe
 Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one model tree, two execution profiles):
 1. prompts: B training prompts drawn without replacement by derive_seed(run seed, "batch", s); each repeated G
    times (groups contiguous, as ``group_advantages`` expects).
-2. rollout: the ``Sampler`` under S generates the N responses (temperature / top-p from the config), seeded by
+2. rollout: the sampler under S generates the N responses (temperature / top-p from the config), seeded by
    derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
    of its processed distribution (vLLM's ``logprobs``). With a learner profile that replays routing (R3,
    ``routing_replay``) it also records the experts every MoE layer executed for every token it fed.
+   The engine (``engines.make_sampler``): the fast CUDA-graph sampler on the GPU, the reference loop on CPU
+   (bitwise the same results there), $MINITE_SAMPLER overrides.
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
@@ -52,9 +54,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.engines import Learner, Sampler
-from minite_core.engines.mismatch import mismatch_metrics
+from minite_core.engines import Learner, make_sampler, resolve_engine
 from minite_core.engines.calibration import calibrate_on_examples
+from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
@@ -258,10 +260,12 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
     calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
+    engine = resolve_engine(None, device)  # fast (CUDA graphs) on the GPU, the reference on CPU ($MINITE_SAMPLER)
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
-               "correction": correction or "none", "pretrained": str(pretrained),
+               "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
-    return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), Sampler(model, S), opt, tok, train_set,
+    sampler = make_sampler(model, S, engine=engine)
+    return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), sampler, opt, tok, train_set,
                  encode(tok, train_set)[0], heldout_set(heldout, cfg.eval_n),
                  cfg.max_new_tokens or max_response_tokens(train_set + heldout), correction,
                  run_name(L.name, S.name, correction), run_cfg)
@@ -321,7 +325,7 @@ def _heldout(run: _GRPO, model, profile) -> dict:
     """One held-out evaluation under the sampler profile: its eval/* metrics + the per-problem outcomes (kept in
     the resume state, for the paired gain)."""
     ev = evaluate(model, profile, run.tok, run.eval_set, max_new_tokens=run.max_new,
-                  batch_size=run.cfg.eval_batch_size)
+                  batch_size=run.cfg.eval_batch_size, sampler=run.sampler)  # the rollout engine: graphs reused
     return {**ev.metrics(), "correct": list(ev.correct)}
 
 

@@ -1,6 +1,6 @@
 """What every `minite <command>` shares: the run options, how a rule's config reaches a command, one-line errors.
 
-Run options (`add_common_args`): --seed, --experiment, --device, --kernels, --threads, --config-json. Every rule
+Run options (`add_common_args`): --seed, --experiment, --device, --kernels, --sampler-engine, --threads, --config-json. Every rule
 passes its config section the same way, as `--config-json '<JSON>'`: commands whose config is a frozen dataclass
 (`data`, `pretrain`, `rl`) build it with `results.config_from_json`; commands with one flag per option
 (`diagnose`, `eval`, `quant-error`, `bench learner`) read it with `parse_with_config`, which turns each key into the
@@ -38,6 +38,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, config_help: str | None 
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES,
                         help="kernel backend (auto: native on sm_100+, triton on other GPUs, reference on CPU)")
+    parser.add_argument("--sampler-engine", default="auto", choices=("auto", "reference", "fast", "fast-eager"),
+                        help="rollout engine (auto: the fast CUDA-graph sampler on the GPU, the reference on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
     parser.add_argument("--config-json", default="{}", help=config_help or "this stage's config section as JSON")
 
@@ -61,6 +63,8 @@ def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    if args.sampler_engine != "auto":  # the process's default engine (engines.fast_sampler.resolve_engine reads it)
+        os.environ["MINITE_SAMPLER"] = args.sampler_engine
     try:
         kernels.set_backend(args.kernels)
         set_run_env(kernels=kernels.current_backend())

@@ -6,6 +6,7 @@ rule report:
         kernels=rules.kernels_check.output.json,
         quant_error=rules.quant_error.output.json,
         throughput=rules.throughput.output.json,
+        throughput_sampler=rules.throughput_sampler.output.json,
         pretrain=rules.pretrain.output.json,
         diagnostics=rules.diagnostics.output.json,
         rl_figures=rules.rl_figures.output.png,

@@ -25,3 +25,27 @@ rule throughput:
     shell:
         "minite bench learner --out {output.json} --csv {output.csv} {params.run} "
         "--config-json {params.config:q} > {log} 2>&1"
+
+
+rule throughput_sampler:
+    # Decode tokens/s of the fast sampler per profile x shape x batch, bf16 and the reference sampler in the same
+    # run (minite_core/bench/sampler.py). CPU smoke: config "tiny", seconds; H200: config "h200".
+    input:
+        kernels=rules.kernels_check.output.json,
+    output:
+        json=f"{RESULTS}/throughput/sampler.json",
+    log:
+        f"{RESULTS}/logs/throughput_sampler.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/throughput_sampler.tsv"
+    priority: 10  # with the learner bench, while the GPU is still free of the other stages
+    conda:
+        ENV
+    resources:
+        gpu=config["gpu_slots"],  # the whole GPU: timings are not shared with other jobs
+    params:
+        run=run_options(config, kernels="auto"),
+        config=section_json(config, "sampler_bench"),
+    shell:
+        "minite bench sampler --out {output.json} {params.run} "
+        "--config-json {params.config:q} > {log} 2>&1"

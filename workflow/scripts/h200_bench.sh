@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The kernel/learner part of the H200 run in one <= 10-minute call of the GPU machine: the `gpu`-marked tests,
-# then `minite bench learner --config h200` and `minite bench kernels` (each baseline measured in the same run).
-# Needs no wheels (the image has torch, triton, pytest, xdist). Writes under $OUT: gpu-tests.log, learner.json/.csv/
-# .md, kernels.json/.csv, bench.log. Stage time limits (seconds) via TEST_S, LEARNER_S, KERNELS_S; KERNELS_ARGS
-# adds flags to the kernel bench (e.g. "--sweep", "--only moe").
+# The throughput part of the H200 run in one <= 10-minute call of the GPU machine: the `gpu`-marked tests, then
+# `minite bench learner --config h200`, `minite bench sampler --config h200` and the DAG's kernels stage
+# (`minite kernels`: checks + `bench kernels`), each baseline measured in the same run. Needs no wheels (the image
+# has torch, triton, pytest, xdist). Writes under $OUT: learner.json, sampler.json, check.json, kernels.json and
+# extra.tgz (logs, CSVs, nvidia-smi). Stage time limits (seconds): TEST_S, LEARNER_S, SAMPLER_S, KERNELS_S;
+# TESTS, LEARNER_ARGS, SAMPLER_ARGS add arguments; NCU=1 profiles one quantizer launch.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the outputs}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -17,10 +18,15 @@ timeout "${LEARNER_S:-240}" python3 -m minite_core.cli bench learner --config h2
     --out "$OUT/learner.json" --csv "$OUT/learner.csv" ${LEARNER_ARGS:-} \
     > "$OUT/learner.log" 2>&1
 echo "learner exit $?"; tail -12 "$OUT/learner.log"
-echo "== kernel bench"
-timeout "${KERNELS_S:-200}" python3 -m minite_core.cli bench kernels --json "$OUT/kernels.json" \
-    --csv "$OUT/kernels.csv" ${KERNELS_ARGS:-} > "$OUT/kernels.log" 2>&1
-echo "kernels exit $?"; grep -E "moe|linear-w4a4|quantize-1x16-row|d2d|FAILED" "$OUT/kernels.log" | head -40
+echo "== sampler bench"
+timeout "${SAMPLER_S:-200}" python3 -m minite_core.cli bench sampler --config h200 --device cuda --experiment h200 \
+    --budget-s "${SAMPLER_BUDGET_S:-150}" --out "$OUT/sampler.json" ${SAMPLER_ARGS:-} > "$OUT/sampler.log" 2>&1
+echo "sampler exit $?"; tail -20 "$OUT/sampler.log"
+echo "== kernels stage (checks + micro-benchmarks)"
+CFG=$(python3 -c "import json, yaml; print(json.dumps(yaml.safe_load(open('experiments/h200.yaml'))))")
+timeout "${KERNELS_S:-200}" python3 -m minite_core.cli kernels --experiment-config "$CFG" --device cuda \
+    --experiment h200 --out "$OUT/check.json" --bench "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
+echo "kernels exit $?"; grep -E "checks on|moe|linear-w4a4|quantize-1x16-row|d2d|FAILED|error" "$OUT/kernels.log" | head -40
 if [ -n "${NCU:-}" ]; then
   echo "== ncu: quantizer"
   timeout 90 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
@@ -29,4 +35,5 @@ if [ -n "${NCU:-}" ]; then
   echo "ncu exit $?"; grep -E "Throughput|Duration|Registers|Achieved Occupancy|Stall|Warp Cycles" "$OUT/ncu-quantize.txt" | head -30
 fi
 # at most 8 files come back from a call: the CSV/markdown copies travel in one tarball
-tar czf "$OUT/extra.tgz" -C "$OUT" $(cd "$OUT" && ls *.csv *.md 2>/dev/null) && (cd "$OUT" && rm -f *.csv *.md)
+extras=$(cd "$OUT" && ls *.csv *.md *.txt *.log 2>/dev/null | sort -u)
+tar czf "$OUT/extra.tgz" -C "$OUT" $extras && (cd "$OUT" && rm -f $extras)

@@ -1,0 +1,281 @@
+"""Sampler throughput (`minite bench sampler`): decode tokens/s per profile × shape × batch, bf16 in the same run.
+
+What is timed: the fast sampler (engines.fast_sampler) on random prompts with no stop token, so every row
+decodes `new_tokens`: after an untimed prefill, the max_new_tokens - 1 decode steps — CUDA-graph replays on a
+GPU, eager steps on CPU — bracketed by one pair of CUDA events (bench.timing.Timer; perf_counter on CPU), `reps`
+times after a warm-up call (Triton compile, graph capture). tokens_per_s = batch · (new_tokens - 1) / median;
+p20/p80 from the slow/fast ends as in bench/learner.py. `generate_tokens_per_s` times one whole `generate()`
+(prefill, decode with its every-16-steps host reads, read-back): what the RL stage sees. The "before" number is
+the reference sampler (engines.sampler, per-row host syncs) on the RL shape at `reference_batch`, timed the same
+way as generate. If the decode step cannot be captured (a host sync in the model: FastSampler says which), the
+row records the error and the eager fast path is measured in an extra row (`engine: fast-eager`).
+
+Shapes: "rl" = the RL model of experiments/h200.yaml (hidden 256, 4 layers, 8/2 heads × 32, 8 experts top-2 ×
+256, vocab 64), fp32 master weights as the RL stage holds them; "weight-bound" = a dense Qwen3-8B-like model
+(hidden 4096, 8 layers, 32/8 heads × 128, SwiGLU 12288, vocab 32,768) with bf16 weights (what a server holds),
+batch <= 16. CPU ("tiny"): the same code on tiny models. Static-scale profiles are calibrated on random tokens.
+
+Output: `throughput/v1` JSON, rows {profile, shape, batch, engine, tokens_per_s, speedup_vs_bf16, ...},
+`reference` rows, `targets` (issue 17's, checked on CUDA only).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minite_core.bench.learner import random_model
+from minite_core.bench.timing import Stats, Timer
+from minite_core.engines import FastSampler, Sampler
+from minite_core.engines.fast_sampler import GraphCaptureError
+from minite_core.model import CausalLM, ModelConfig, set_profile
+from minite_core.model.calibrate import calibrate
+from minite_core.profiles import get_profile
+from minite_core.runs.cli import add_common_args, parse_with_config
+from minite_core.results import env_info, write_json
+
+SCHEMA = "throughput/v1"
+NVFP4 = ("vllm-nvfp4", "vllm-marlin-w4a16", "minite")
+# issue 17, H200, one run: RL shape batch 64 >= 100k tokens/s in bf16, NVFP4 >= 0.8x bf16 there; weight-bound
+# shape NVFP4 >= 2x bf16 tokens/s
+TARGETS = {"rl_bf16_tokens_per_s_min": 100_000.0, "rl_nvfp4_vs_bf16_min": 0.8, "weight_bound_nvfp4_vs_bf16_min": 2.0}
+TARGET_BATCH = 64
+
+
+@dataclass(frozen=True)
+class SamplerBenchConfig:
+    name: str
+    shapes: tuple[str, ...] = ("rl", "weight-bound")
+    rl_batches: tuple[int, ...] = (1, 16, 64, 256)
+    weight_bound_batches: tuple[int, ...] = (1, 16)  # weight-bound: batch <= 16
+    profiles: tuple[str, ...] = ("bf16",) + NVFP4  # bf16 first: the ratio baseline
+    prompt_len: int = 32
+    new_tokens: int = 128  # issue 17: 64-256
+    reps: int = 5  # timed decodes per row (median)
+    reference_batch: int = TARGET_BATCH  # the "before" number: reference sampler, RL shape
+    budget_s: float = 150.0  # rows left when it is spent are recorded as skipped
+    tiny: bool = False  # CPU: tiny models, same code
+    cpu_threads: int | None = None
+    seed: int = 0
+
+
+CONFIGS = {
+    "tiny": SamplerBenchConfig(name="tiny", rl_batches=(1, 4), weight_bound_batches=(1, 4), prompt_len=8,
+                               new_tokens=8, reps=2, reference_batch=4, budget_s=60.0, tiny=True, cpu_threads=1),
+    "h200": SamplerBenchConfig(name="h200"),
+}
+
+
+def shape_config(shape: str, tiny: bool) -> tuple[ModelConfig, torch.dtype]:
+    """(model config, parameter dtype) of a bench shape (module docstring)."""
+    common = dict(rope_theta=10000.0, max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
+                  tie_word_embeddings=False)
+    if shape == "rl":
+        size = (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     num_experts=4, moe_intermediate_size=64) if tiny else
+                dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                     num_experts=8, moe_intermediate_size=256))  # experiments/h200.yaml `pretrain`
+        cfg = ModelConfig(vocab_size=64, intermediate_size=2 * size["hidden_size"], num_experts_per_tok=2,
+                          mlp_only_layers=(), **size, **common)
+        return cfg, torch.float32
+    if shape == "weight-bound":
+        size = (dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16) if tiny else
+                dict(vocab_size=32768, hidden_size=4096, intermediate_size=12288, num_hidden_layers=8,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128))
+        cfg = ModelConfig(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, mlp_only_layers=(),
+                          **size, **common)
+        return cfg, torch.bfloat16
+    raise ValueError(f"unknown bench shape {shape!r}; one of rl, weight-bound")
+
+
+def build(shape: str, cfg: SamplerBenchConfig, device: torch.device) -> CausalLM:
+    """Random model on `device` (bench.learner.random_model), static activation scales calibrated on random
+    tokens when a profile needs them."""
+    mcfg, dtype = shape_config(shape, cfg.tiny)
+    model, gen = random_model(mcfg, dtype, device, cfg.seed)
+    for name in cfg.profiles:
+        if get_profile(name).needs_calibration:
+            set_profile(model, name)
+            calibrate(model, [torch.randint(0, mcfg.vocab_size, (8, cfg.prompt_len), generator=gen, device=device)])
+            break
+    return model
+
+
+def _prompts(batch: int, cfg: SamplerBenchConfig, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(cfg.seed + batch)
+    return torch.randint(0, vocab, (batch, cfg.prompt_len), generator=g).tolist()
+
+
+def _gen_kwargs(cfg: SamplerBenchConfig) -> dict:
+    return dict(max_new_tokens=cfg.new_tokens, temperature=1.0, stop_ids=(), seed=cfg.seed)
+
+
+def _time_generate(sampler, prompts, cfg, device) -> float:
+    with Timer(device) as t:
+        sampler.generate(prompts, **_gen_kwargs(cfg))
+    return len(prompts) * cfg.new_tokens / (t.elapsed_ms / 1e3)
+
+
+def time_fast(model, profile: str, prompts, cfg: SamplerBenchConfig, device, graph: bool) -> dict:
+    """One row: decode-only tokens/s of the fast sampler (module docstring) and whole-generate tokens/s."""
+    sampler = FastSampler(model, profile, device=device, graph=graph)
+    sampler.generate(prompts, **_gen_kwargs(cfg))  # warm-up: kernels compiled, graph captured
+    samples = []
+    for _ in range(cfg.reps):
+        st = sampler.start(prompts, **_gen_kwargs(cfg))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the prefill stays out of the timed region
+        with Timer(device) as t:
+            for _ in range(cfg.new_tokens - 1):
+                sampler.step(st)
+        samples.append(t.elapsed_ms)
+    s, steps = Stats.of(samples), cfg.new_tokens - 1
+    tokens = len(prompts) * steps
+    return {"engine": "fast" if graph else "fast-eager", "tokens_per_s": tokens / (s.median_ms / 1e3),
+            "p20_tokens_per_s": tokens / (s.p80_ms / 1e3), "p80_tokens_per_s": tokens / (s.p20_ms / 1e3),
+            "step_ms": s.median_ms / steps, "n_reps": s.n,
+            "generate_tokens_per_s": _time_generate(sampler, prompts, cfg, device)}
+
+
+def _rows_for(model, shape, batch, cfg, device, deadline, log) -> list[dict]:
+    prompts = _prompts(batch, cfg, model.config.vocab_size)
+    rows = []
+    for name in cfg.profiles:
+        base = {"profile": name, "shape": shape, "batch": batch, "new_tokens": cfg.new_tokens,
+                "prompt_len": cfg.prompt_len}
+        if time.perf_counter() > deadline:
+            rows.append({**base, "engine": None, "tokens_per_s": None, "skipped": "budget"})
+            continue
+        graph = device.type == "cuda"
+        try:
+            rows.append({**base, **time_fast(model, name, prompts, cfg, device, graph)})
+        except GraphCaptureError as e:  # measured, not hidden: the error row, then the eager fast path
+            rows.append({**base, "engine": "fast", "tokens_per_s": None, "error": str(e).splitlines()[0]})
+            rows.append({**base, **time_fast(model, name, prompts, cfg, device, False)})
+        log(f"{shape} batch {batch} {name}: " + ", ".join(f"{r['engine']} {r['tokens_per_s'] or 0:,.0f} tok/s"
+                                                         for r in rows if r["profile"] == name))
+    return rows
+
+
+def _reference_rows(model, cfg, device, deadline) -> list[dict]:
+    prompts = _prompts(cfg.reference_batch, cfg, model.config.vocab_size)
+    out = []
+    for name in cfg.profiles:
+        row = {"profile": name, "shape": "rl", "batch": cfg.reference_batch, "engine": "reference",
+               "new_tokens": cfg.new_tokens}
+        if time.perf_counter() > deadline:
+            out.append({**row, "tokens_per_s": None, "skipped": "budget"})
+            continue
+        sampler = Sampler(model, name, device=device)
+        sampler.generate(prompts, **{**_gen_kwargs(cfg), "max_new_tokens": 2})  # warm-up: kernels compiled
+        out.append({**row, "tokens_per_s": _time_generate(sampler, prompts, cfg, device)})
+    return out
+
+
+def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
+    """Run the bench; return the throughput/v1 payload (without writing it)."""
+    for name in cfg.profiles:
+        get_profile(name)  # unknown names fail before any work
+    threads = torch.get_num_threads()
+    if device.type != "cuda" and cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
+    try:
+        t0 = time.perf_counter()
+        deadline = t0 + cfg.budget_s
+        rows, reference = [], []
+        for shape in cfg.shapes:
+            model = build(shape, cfg, device)
+            for batch in cfg.rl_batches if shape == "rl" else cfg.weight_bound_batches:
+                rows += _rows_for(model, shape, batch, cfg, device, deadline, log)
+            if shape == "rl":
+                reference = _reference_rows(model, cfg, device, deadline)
+            del model
+        log(f"sampler bench: {time.perf_counter() - t0:.1f} s")
+    finally:
+        torch.set_num_threads(threads)
+    _add_ratios(rows, reference)
+    config = {**dataclasses.asdict(cfg), "device": str(device),
+              "model_configs": {s: dataclasses.asdict(shape_config(s, cfg.tiny)[0]) for s in cfg.shapes}}
+    return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
+            "reference": reference, "targets": check_targets(rows, device.type == "cuda")}
+
+
+def _add_ratios(rows: list[dict], reference: list[dict]) -> None:
+    bf16 = {(r["shape"], r["batch"]): r["tokens_per_s"] for r in rows if r["profile"] == "bf16" and r["tokens_per_s"]}
+    for r in rows:
+        base = bf16.get((r["shape"], r["batch"]))
+        r["speedup_vs_bf16"] = r["tokens_per_s"] / base if base and r["tokens_per_s"] else None
+    fast = {(r["profile"], r["batch"]): r["generate_tokens_per_s"] for r in rows
+            if r["shape"] == "rl" and r["tokens_per_s"] and r["engine"] == "fast"}
+    fast_eager = {(r["profile"], r["batch"]): r["generate_tokens_per_s"] for r in rows
+                  if r["shape"] == "rl" and r["tokens_per_s"] and r["engine"] == "fast-eager"}
+    for r in reference:  # whole generate() against whole generate()
+        f = fast.get((r["profile"], r["batch"])) or fast_eager.get((r["profile"], r["batch"]))
+        r["fast_speedup_vs_reference"] = f / r["tokens_per_s"] if f and r["tokens_per_s"] else None
+
+
+def check_targets(rows: list[dict], cuda: bool) -> dict:
+    """Issue 17's targets on the measured rows (the best engine of each profile/shape/batch)."""
+    best = {}
+    for r in rows:
+        key = (r["profile"], r["shape"], r["batch"])
+        if r["tokens_per_s"] and (key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]):
+            best[key] = r
+    checks = []
+    bf16 = best.get(("bf16", "rl", TARGET_BATCH))
+    checks.append({"target": f"rl batch {TARGET_BATCH}: bf16 >= {TARGETS['rl_bf16_tokens_per_s_min']:,.0f} tok/s",
+                   "value": bf16["tokens_per_s"] if bf16 else None,
+                   "met": None if bf16 is None else bf16["tokens_per_s"] >= TARGETS["rl_bf16_tokens_per_s_min"]})
+    for name in NVFP4:
+        for shape, key in (("rl", "rl_nvfp4_vs_bf16_min"), ("weight-bound", "weight_bound_nvfp4_vs_bf16_min")):
+            for (p, s, b), r in sorted(best.items()):
+                if p == name and s == shape and (shape == "weight-bound" or b == TARGET_BATCH):
+                    bf = best.get(("bf16", s, b))
+                    ratio = r["tokens_per_s"] / bf["tokens_per_s"] if bf else None
+                    checks.append({"target": f"{shape} batch {b}: {name} >= {TARGETS[key]}x bf16", "value": ratio,
+                                   "met": None if ratio is None else ratio >= TARGETS[key]})
+    return {**TARGETS, "applicable": cuda, "checks": checks,
+            "note": "targets are for the H200 run; a CPU run only checks the code"}
+
+
+# ---- report -----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="minite bench sampler", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=None, help="tiny | h200 (default: h200 on CUDA, tiny on CPU)")
+    ap.add_argument("--profiles", default=None, help="comma list (bf16 first is the baseline)")
+    ap.add_argument("--shapes", default=None, help="comma list of rl, weight-bound")
+    ap.add_argument("--new-tokens", type=int, dest="new_tokens")
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--budget-s", type=float, dest="budget_s")
+    ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
+    add_common_args(ap, config_help="the experiment's `sampler_bench:` section as JSON (keys = the flags above)")
+    args = parse_with_config(ap, argv)
+    device = torch.device(args.device)
+    name = args.config or ("h200" if device.type == "cuda" else "tiny")
+    if name not in CONFIGS:
+        ap.error(f"--config {name!r}: one of {', '.join(CONFIGS)}")
+    over = {"profiles": tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None,
+            "shapes": tuple(s.strip() for s in args.shapes.split(",") if s.strip()) if args.shapes else None,
+            "new_tokens": args.new_tokens, "reps": args.reps, "budget_s": args.budget_s, "seed": args.seed}
+    # (--seed defaults to 0 in the common run options; the bench config's own seed is 0 as well)
+    try:
+        cfg = dataclasses.replace(CONFIGS[name], **{k: v for k, v in over.items() if v is not None})
+        for shape in cfg.shapes:
+            shape_config(shape, cfg.tiny)
+        if cfg.new_tokens < 2 or cfg.reps < 1:
+            raise ValueError(f"need --new-tokens >= 2 and --reps >= 1, got {cfg.new_tokens}, {cfg.reps}")
+    except ValueError as e:
+        ap.error(str(e))
+    print(f"sampler bench: config {cfg.name} on {device}: {cfg}", flush=True)
+    payload = run(cfg, device, log=lambda s: print(s, flush=True))
+    payload["experiment"] = args.experiment
+    write_json(args.out, payload)
+    for row in payload["rows"]:  # the table is the report's (report.tables.sampler_table, from this JSON)
+        print(f"{row['profile']} {row['shape']} batch {row['batch']}: {row.get('tokens_per_s')} tokens/s", flush=True)
+    return 0

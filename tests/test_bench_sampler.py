@@ -1,0 +1,75 @@
+"""`minite bench sampler` on CPU: the tiny shapes run the same code as the H200 bench; JSON, table, report."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from minite_core.bench import sampler as bench
+from minite_core.report import tables
+from minite_core.report.build import section_sampler_throughput
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, one_thread):
+    out = tmp_path_factory.mktemp("bench") / "throughput" / "sampler.json"
+    assert bench.main(["--config", "tiny", "--profiles", "bf16,minite", "--new-tokens", "4", "--reps", "1",
+                       "--device", "cpu", "--experiment", "t", "--out", str(out)]) == 0
+    return json.loads(out.read_text()), out
+
+
+def test_tiny_bench_rows(tiny_run):
+    res, _ = tiny_run
+    assert res["schema"] == "throughput/v1" and res["experiment"] == "t"
+    keys = {(r["shape"], r["batch"], r["profile"]) for r in res["rows"]}
+    assert keys == {(s, b, p) for s in ("rl", "weight-bound") for b in (1, 4) for p in ("bf16", "minite")}
+    for r in res["rows"]:
+        assert r["engine"] == "fast-eager" and r["tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0
+        assert r["p20_tokens_per_s"] <= r["tokens_per_s"] <= r["p80_tokens_per_s"]
+        bf16 = next(x for x in res["rows"] if (x["shape"], x["batch"], x["profile"]) ==
+                    (r["shape"], r["batch"], "bf16"))
+        assert r["speedup_vs_bf16"] == pytest.approx(r["tokens_per_s"] / bf16["tokens_per_s"])
+    assert [(r["profile"], r["engine"], r["batch"]) for r in res["reference"]] == [("bf16", "reference", 4),
+                                                                                ("minite", "reference", 4)]
+    assert all(r["tokens_per_s"] > 0 and r["fast_speedup_vs_reference"] > 0 for r in res["reference"])
+    assert res["targets"]["applicable"] is False
+    assert res["config"]["model_configs"]["weight-bound"]["num_experts"] == 0
+
+
+def test_table_and_report_section_read_the_json(tiny_run):
+    res, out = tiny_run
+    table = tables.sampler_table(res)
+    assert "| rl | 4 | minite | fast-eager |" in table and "Before: the reference sampler" in table
+    section = section_sampler_throughput(out.parent.parent)
+    assert section.startswith("## Sampler throughput") and table in section
+    assert "_not run_" in section_sampler_throughput(out.parent.parent / "missing")
+
+
+def test_budget_spent_rows_are_recorded_as_skipped(one_thread):
+    cfg = dataclasses.replace(bench.CONFIGS["tiny"], profiles=("bf16",), shapes=("weight-bound",), new_tokens=2,
+                              reps=1, budget_s=1e-9)
+    res = bench.run(cfg, torch.device("cpu"), log=lambda s: None)
+    assert res["rows"] and all(r["skipped"] == "budget" and r["tokens_per_s"] is None for r in res["rows"])
+    assert "budget" in tables.sampler_table(res)
+
+
+def test_targets_on_measured_rows():
+    rows = [{"profile": p, "shape": s, "batch": b, "tokens_per_s": v} for p, s, b, v in [
+        ("bf16", "rl", 64, 120_000.0), ("minite", "rl", 64, 90_000.0), ("vllm-nvfp4", "rl", 64, 100_000.0),
+        ("bf16", "weight-bound", 16, 1000.0), ("minite", "weight-bound", 16, 2500.0)]]
+    checks = {c["target"]: c["met"] for c in bench.check_targets(rows, cuda=True)["checks"]}
+    assert checks["rl batch 64: bf16 >= 100,000 tok/s"] is True
+    assert checks["rl batch 64: minite >= 0.8x bf16"] is False  # 0.75
+    assert checks["rl batch 64: vllm-nvfp4 >= 0.8x bf16"] is True
+    assert checks["weight-bound batch 16: minite >= 2.0x bf16"] is True
+
+
+def test_bad_arguments_name_the_input(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--config", "nope", "--out", "x.json", "--device", "cpu"])
+    assert "--config 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--shapes", "moe", "--out", "x.json", "--device", "cpu"])
+    assert "unknown bench shape 'moe'" in capsys.readouterr().err
