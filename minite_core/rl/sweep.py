@@ -21,7 +21,8 @@ that defines it (sections, pair, seed, run options). A rerun therefore skips wha
 (the commands' own exact resume) and never reuses a run of a changed grid.
 
 What it writes: `sweep.csv` and `sweep.json` (results contract, stage "sweep"): one row per (point, pair, seed)
-with the varied values; the base model's steps and greedy held-out accuracy (`pretrain.json`); the run's
+with the varied values and the commit that ran it (a rerun after a code change reuses finished runs: the column
+says so); the base model's steps and greedy held-out accuracy (`pretrain.json`); the run's
 held-out accuracy before / after on `heldout_n` problems, the paired gain and its SE (rl/heldout.py), the
 held-out curve (`curve`: "step:acc" at every evaluation, so one long run also tells what fewer steps would
 give), the first / last-quarter training reward, the median seconds per RL step (sampling + learning, the
@@ -234,9 +235,10 @@ def _rl(sweep: Sweep, sec: dict, name: str, spec: dict, seed: int, data: Path, m
 
 
 def _row(sweep: Sweep, sec: dict, name: str, seed: int, model: Path, run: Path) -> dict:
-    m = read_result(run / "summary.json", stage="rl")["metrics"]
+    res = read_result(run / "summary.json", stage="rl")
+    m = res["metrics"]
     row = {key: json.dumps(sec[key.split(".")[0]].get(key.split(".", 1)[1])) for key in varied_keys(sweep)}
-    row.update({"run": name, "seed": seed, "dir": run.name})
+    row.update({"run": name, "seed": seed, "dir": run.name, "commit": res["env"].get("commit")})
     pre_json = model.parent / "pretrain.json"
     if pre_json.exists():
         pm = read_result(pre_json, stage="pretrain")["metrics"]
