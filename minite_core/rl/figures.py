@@ -64,11 +64,13 @@ def load_runs(run_dirs: list[str | Path]) -> pd.DataFrame:
 
 
 def seed_bands(df: pd.DataFrame, key: str, smooth: int = 1) -> pd.DataFrame:
-    """Per (pair, step): ``mean``, ``lo``, ``hi`` (min / max over seeds) and ``seeds`` (how many have a value) of
-    column ``key``; each seed's series is first smoothed by a rolling mean over ``smooth`` of its own values."""
-    sub = df[["pair", "seed", "step", key]].dropna().sort_values(["pair", "seed", "step"])
+    """Per (pair, step): ``mean``, ``lo``, ``hi`` (min / max over the pair's runs, one per seed) and ``seeds`` (how
+    many runs have a value) of column ``key``; each run's series is first smoothed by a rolling mean over
+    ``smooth`` of its own values."""
+    run = "run" if "run" in df else "seed"
+    sub = df[["pair", run, "step", key]].dropna().sort_values(["pair", run, "step"])
     if smooth > 1:
-        sub = sub.assign(**{key: sub.groupby(["pair", "seed"])[key].transform(
+        sub = sub.assign(**{key: sub.groupby(["pair", run])[key].transform(
             lambda s: s.rolling(smooth, min_periods=1).mean())})
     g = sub.groupby(["pair", "step"])[key]
     return pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max(), "seeds": g.count()}).reset_index()
