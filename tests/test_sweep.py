@@ -83,3 +83,11 @@ def test_tiny_sweep_runs_ranks_and_resumes(tmp_path, monkeypatch):
     assert run_sweep(sweep) == rows  # everything was done: nothing runs again
     monkeypatch.undo()
     assert sweep_mod.main([str(tmp_path / "sweep.yaml")]) == 0
+
+    # a run that fails (more held-out problems than the split has) does not lose the others' rows
+    bad = load_sweep(_write(tmp_path, {"grid": [{"rl.lr": [1e-2]}, {"rl.eval_n": [5]}], "seeds": [3]}))
+    with pytest.raises(RuntimeError, match="1 of 2 sweep runs failed"):
+        run_sweep(bad)
+    with open(out / "sweep.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert table[0]["gain"] and not table[0]["error"] and "eval_n" in table[1]["error"]

@@ -278,11 +278,25 @@ def run_sweep(sweep: Sweep) -> list[dict]:
         bases = dict(zip(map(_base_key, distinct), pool.map(lambda sec: _base_model(sweep, sec), distinct)))
         jobs = [(sec, name, spec, seed, *bases[_base_key(sec)])
                 for sec, runs in pts for name, spec in runs.items() for seed in sweep.seeds]
-        runs = list(pool.map(lambda j: _rl(sweep, *j), jobs))
-    rows = [_row(sweep, sec, name, seed, model, run) for (sec, name, _, seed, _, model), run in zip(jobs, runs)]
-    rows.sort(key=lambda r: -r["gain_lcb"] if math.isfinite(r["gain_lcb"]) else math.inf)
+        runs = list(pool.map(lambda j: _try(_rl, sweep, *j), jobs))
+    rows = [_row(sweep, sec, name, seed, model, run) if not isinstance(run, str) else
+            {"run": name, "seed": seed, "error": run} for (sec, name, _, seed, _, model), run in zip(jobs, runs)]
+    rows.sort(key=lambda r: -r["gain_lcb"] if math.isfinite(r.get("gain_lcb", math.nan)) else math.inf)
     _write(sweep, rows)
+    failed = [r for r in rows if "error" in r]
+    if failed:  # after the table is written: what finished is kept
+        raise RuntimeError(f"{len(failed)} of {len(rows)} sweep runs failed (rows with `error` in "
+                           f"{sweep.out / 'sweep.csv'}); first: {failed[0]['error']}")
     return rows
+
+
+def _try(fn, *args):
+    """fn(*args), or the error's message: one failed run does not stop the others (a GPU sweep keeps its bf16
+    rows when an NVFP4 probe fails)."""
+    try:
+        return fn(*args)
+    except RuntimeError as e:
+        return str(e)
 
 
 def _write(sweep: Sweep, rows: list[dict]) -> None:
@@ -309,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_sweep(sweep)
     varied = varied_keys(sweep)
     print(f"sweep: {len(rows)} runs -> {sweep.out / 'sweep.csv'}")
-    for r in rows:
+    for r in rows:  # (run_sweep raised if any failed)
         print("  " + " ".join(f"{k}={r[k]}" for k in varied) + f" {r['run']} s{r['seed']}: held-out "
               f"{r['acc_initial']:.3f} -> {r['acc_final']:.3f} (gain {r['gain']:+.3f} ± {r['gain_se']:.3f}), "
               f"rl {r['rl_wall_s']:.0f} s wall / {r['rl_cpu_s']:.0f} s cpu")
