@@ -47,15 +47,20 @@ def _path(parts) -> str:
 
 
 def rl_runs(config: dict) -> dict[str, dict]:
-    """{run name: {"learner", "sampler", "correction"}} from config `rl.runs` (dicts or "l:s[:correction]")."""
+    """{run name: {"learner", "sampler", "correction", "seed"}} from config `rl.runs` (dicts or
+    "l:s[:correction]"). An entry's `seed` (default: the experiment's) is its run seed; one other than the
+    experiment's adds `__s<seed>` to the name, so seeds of one pair get distinct, readable directories."""
     runs = {}
+    base_seed = config.get("seed", 0)
     for entry in config.get("rl", {}).get("runs", []):
         if isinstance(entry, str):
             learner, sampler, *rest = entry.split(":")
             entry = {"learner": learner, "sampler": sampler, "correction": rest[0] if rest else "none"}
+        seed = entry.get("seed", base_seed)
         spec = {"learner": entry["learner"], "sampler": entry["sampler"],
-                "correction": parse_correction(entry.get("correction")) or "none"}
-        runs[run_name(spec["learner"], spec["sampler"], spec["correction"])] = spec
+                "correction": parse_correction(entry.get("correction")) or "none", "seed": seed}
+        runs[run_name(spec["learner"], spec["sampler"], spec["correction"],
+                      None if seed == base_seed else seed)] = spec
     return runs
 
 
@@ -74,10 +79,11 @@ def input_path(config: dict, section: str, key: str, default):
     return config[section][key] or default
 
 
-def run_options(config: dict, *, kernels: str | None = None, compute: bool = True) -> str:
+def run_options(config: dict, *, kernels: str | None = None, compute: bool = True, seed: int | None = None) -> str:
     """The run options of a stage command (runs.cli.add_common_args), from the top-level keys; `kernels`
-    overrides config `kernels`; compute=False: only --experiment / --seed (`minite data` runs no model)."""
-    opts = f"--experiment {config['experiment']} --seed {config['seed']}"
+    overrides config `kernels`, `seed` config `seed` (an RL run's own seed); compute=False: only --experiment /
+    --seed (`minite data` runs no model)."""
+    opts = f"--experiment {config['experiment']} --seed {config['seed'] if seed is None else seed}"
     if compute:
         opts += f" --device {config['device']} --kernels {kernels or config['kernels']}"
         opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
@@ -153,6 +159,9 @@ def _check_sizes(config, errors):
                           f"prompts, train + held-out ask for {need}")
     d = config["diagnostics"]
     heldout = data["n_heldout_per_level"] * len(data["levels"])
+    if rl["eval_n"] > heldout:
+        errors.append(f"config: rl.eval_n: {rl['eval_n']} held-out problems per evaluation > the {heldout} of the "
+                      "data stage (data.n_heldout_per_level x levels)")
     if not d["prompts"] and d["num_prompts"] > heldout:
         errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {heldout} held-out prompts of "
                       "the data stage")
@@ -162,7 +171,7 @@ def _check_runs(config, errors):
     names = {}
     for i, entry in enumerate(config.get("rl", {}).get("runs", [])):
         try:
-            name = next(iter(rl_runs({"rl": {"runs": [entry]}})))
+            name = next(iter(rl_runs({"seed": config.get("seed", 0), "rl": {"runs": [entry]}})))
         except (ValueError, KeyError, StopIteration) as e:
             errors.append(f"config: rl.runs[{i}]: {e}")
             continue

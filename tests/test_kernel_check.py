@@ -3,7 +3,6 @@ fails the stage with one line naming the kernel, the shape and the error."""
 import json
 
 import pytest
-import torch
 import yaml
 
 from minite_core.bench import kernel_check

@@ -32,7 +32,7 @@ TINY = PretrainConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2
                       head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, batch_size=8,
                       lr=1e-2, warmup_steps=2, max_steps=8, eval_every=8, target_accuracy=(0.99, 1.0))
 RL = RLConfig(steps=4, prompts_per_step=2, group_size=4, mini_batches=2, lr=1e-3, max_new_tokens=20,
-              eval_every=2, checkpoint_every=2, calibration_examples=8)
+              eval_every=2, eval_n=4, eval_batch_size=3, checkpoint_every=2, calibration_examples=8)
 PAIR = dict(learner_profile="te-nvfp4", sampler_profile="vllm-nvfp4", correction="tis")
 
 
@@ -83,6 +83,34 @@ def test_loop_logs_every_metric(base, tmp_path):
     res = read_result(out / "summary.json", stage="rl")
     assert res["run"] == "te-nvfp4__vllm-nvfp4__tis" and res["metrics"]["steps"] == 4
     assert "mismatch/k3_mean" in summary and summary["heldout_acc_initial"] >= 0
+    assert "eval/se" in rows[0] and "eval/acc/add2" in rows[0]
+
+
+def test_summary_heldout_fields(base, tmp_path, monkeypatch):
+    """summary.json's held-out numbers are those of the first and last evaluation, on eval_n problems: the
+    accuracies match the step log's, the SEs are binomial, the gain is paired over the same problems."""
+    seen = []
+    evaluate = train_mod.evaluate
+
+    def spy(model, profile, tok, examples, **kw):  # every evaluation scores the same problems, in batches
+        seen.append(([e["prompt"] for e in examples], kw["batch_size"]))
+        return evaluate(model, profile, tok, examples, **kw)
+
+    monkeypatch.setattr(train_mod, "evaluate", spy)
+    out = tmp_path / "r"
+    m = _run(base, out)
+    assert len(seen) == 3 and all(s == seen[0] for s in seen) and seen[0][1] == 3 and len(seen[0][0]) == 4
+    rows = _rows(out / "metrics.csv")
+    assert m["heldout_n"] == 4 and m["heldout_decoding"] == "greedy"
+    assert m["heldout_acc_final"] == float(rows[-1]["eval/acc"])
+    for when in ("initial", "final"):
+        acc = m[f"heldout_acc_{when}"]
+        assert acc * 4 == round(acc * 4) and m[f"heldout_se_{when}"] == pytest.approx(math.sqrt(acc * (1 - acc) / 4))
+    assert m["heldout_gain"] == pytest.approx(m["heldout_acc_final"] - m["heldout_acc_initial"])
+    assert math.isfinite(m["heldout_gain_se"]) and m["heldout_gain_se"] >= 0
+    assert m["heldout_acc_final/add2"] == m["heldout_acc_final"]
+    with pytest.raises(ValueError, match="eval_n"):  # more problems than the held-out split holds
+        _run(base, tmp_path / "big", cfg=dataclasses.replace(RL, eval_n=5))
     model = load_pretrained(out / "final")  # transformers layout, calibrated static scales included
     assert model.model.layers[0].self_attn.q_proj.input_amax is not None
 

@@ -59,8 +59,10 @@ _BASE = "experiment: bad\n"
         ("pretrain: {num_attention_heads: 4, num_key_value_heads: 3}", "config: pretrain.num_key_value_heads: 3"),
         ("pretrain: {num_experts: 2, num_experts_per_tok: 4}", "config: pretrain.num_experts_per_tok: 4 > "),
         ("data: {n_train_per_level: 9000}", "config: data.n_train_per_level: level add2 has 8100"),
-        ("diagnostics: {num_prompts: 500}", "config: diagnostics.num_prompts: 500 > the 128 held-out"),
+        ("diagnostics: {num_prompts: 600}", "config: diagnostics.num_prompts: 600 > the 512 held-out"),
+        ("rl: {eval_n: 600}", "config: rl.eval_n: 600 held-out problems per evaluation > the 512 of the data"),
         ("rl: {runs: ['bf16:bf16', {learner: bf16, sampler: bf16}]}", "config: rl.runs[1]: run bf16__bf16__none is"),
+        ("rl: {runs: ['bf16:bf16', {learner: bf16, sampler: bf16, seed: 0}]}", "config: rl.runs[1]: run bf16__bf16__none is"),
         ("throughput: {config: nope.json}", "config: throughput.config: 'nope.json' is neither"),
         ("rl_runs: []", "config: Additional properties are not allowed ('rl_runs' was unexpected)"),
         ("rl: {stepz: 3}", "config: rl: Additional properties are not allowed ('stepz' was unexpected)"),
@@ -95,3 +97,42 @@ def test_ci_runs_both_readme_commands():
     assert "readme_block main-command" in ci and "readme_block test-command" in ci
     assert "results/smoke/report.md" in ci and "Nothing to be done" in ci and "git clone" in ci
     assert subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")]).returncode == 0
+
+
+def test_rl_run_seeds_name_the_runs():
+    """A run seed other than the experiment's adds __s<seed>: the seeds of one pair get distinct directories."""
+    from minite_core.experiment import rl_runs
+
+    entries = ["bf16:bf16", {"learner": "bf16", "sampler": "bf16", "seed": 1},
+               {"learner": "minite", "sampler": "minite", "seed": 2, "correction": "tis"}]
+    runs = rl_runs({"seed": 2, "rl": {"runs": entries}})
+    assert list(runs) == ["bf16__bf16__none", "bf16__bf16__none__s1", "minite__minite__tis"]
+    assert [r["seed"] for r in runs.values()] == [2, 1, 2]
+
+
+def test_sweep_files_load():
+    from minite_core.rl.sweep import load_sweep, points
+
+    for path in sorted((ROOT / "experiments" / "sweeps").glob("*.yaml")):
+        assert points(load_sweep(path)), path
+
+
+def test_h200_experiment_is_what_issue_20_asks():
+    """>= 32 experts, >= 300 steps, the four pairs + TIS and MIS on the naive pair, >= 2 seeds for bf16 and
+    minite, held-out on >= 512 problems at every evaluation, lm-eval with the same n."""
+    import yaml
+
+    from minite_core.experiment import rl_runs
+
+    cfg = yaml.safe_load((ROOT / "experiments" / "h200.yaml").read_text())
+    assert cfg["pretrain"]["num_experts"] >= 32 and cfg["rl"]["steps"] >= 300
+    runs = rl_runs(cfg).values()
+    pairs = {(r["learner"], r["sampler"], r["correction"]) for r in runs}
+    assert {("bf16", "bf16", "none"), ("te-nvfp4", "vllm-nvfp4", "none"), ("te-nvfp4", "vllm-marlin-w4a16", "none"),
+            ("minite", "minite", "none"), ("te-nvfp4", "vllm-nvfp4", "tis")} <= pairs
+    assert any(c.startswith("mis") for learner, _, c in pairs if learner == "te-nvfp4")
+    for learner in ("bf16", "minite"):
+        assert len({r["seed"] for r in runs if r["learner"] == learner and r["correction"] == "none"}) >= 2
+    n = cfg["rl"]["eval_n"]
+    assert n >= 512 and cfg["data"]["n_heldout_per_level"] * len(cfg["data"]["levels"]) >= n
+    assert cfg["eval"]["limit"] == n

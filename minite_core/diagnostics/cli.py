@@ -266,10 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         budgets = parse_budgets(budget_cfg + args.k3_budget, [f"{l}:{s}" for l, s in pairs])
     except (ValueError, AttributeError) as e:
         p.error(f"--k3-budget / budget: {e}")
-    try:
-        budgets = parse_budgets(args.k3_budget, [f"{l}:{s}" for l, s in pairs])
-    except ValueError as e:
-        parser.error(str(e))
     base = parse_pairs(args.attribution_base)[0]
     ckpt = Path(args.checkpoint)
     model = load_pretrained(ckpt, dtype=torch.float32, device=args.device).eval()

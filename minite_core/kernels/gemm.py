@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_core.formats import nvfp4 as ref
 from minite_core.kernels.interpret import INTERPRET
 from minite_core.kernels.operands import DqOperand, dq_operand  # noqa: F401  (re-exported for callers)
 

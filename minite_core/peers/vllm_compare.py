@@ -281,7 +281,7 @@ def run_main(a) -> int:
 
     # (b) NVFP4 dense -----------------------------------------------------------------------------------------
     dense = load_pretrained(work / "bf16-dense-ckpt")
-    calibrate(dense, _calibration_batches(tok, a.seed))
+    calibrate_dense(dense, tok, _task_examples(32, a.seed + 7919), a.seed)  # disjoint from the prompts' draw
     nv_dir = work / "nvfp4-dense-ckpt"
     export_nvfp4(dense, nv_dir, profile="vllm-nvfp4")
     save_tokenizer(tok, nv_dir)
@@ -292,7 +292,7 @@ def run_main(a) -> int:
     rn, cap_nv = _vllm_capture(nv_dir, "bfloat16", prompts_file, work / "nvfp4-dense_vllm_nvfp4.pt", a)
     rn = _rollout(rn)
     cfg_nv = {"checkpoint": "the bf16-dense checkpoint, NVFP4 W4A4 compressed-tensors (model.nvfp4_io)",
-              "model": DENSE.to_hf(), "calibration": "32 task texts, nn.calibrate (bf16)",
+              "model": DENSE.to_hf(), "calibration": "32 task examples, engines.calibration (bf16)",
               "nn_weight_codes_equal_checkpoint": codes_equal, "mean_entropy_nats": _entropy(dense, rn)}
     prof = get_profile("vllm-nvfp4")
     for rung, knobs in LADDER:

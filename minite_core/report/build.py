@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from minite_core.profiles import PROFILES
+from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table
 from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
 
 PAIR_LABELS = {
@@ -246,21 +247,25 @@ def section_attribution(results: Path) -> str:
 
 def section_rl(results: Path) -> str:
     head = "## Long-horizon RL per engine pair (GRPO)\n\n"
-    runs = sorted((results / "rl").glob("*/summary.json"))
-    if not runs:
+    summaries = load_summaries(results)
+    if not summaries:
         return head + "_not run_\n"
-    keys = ["steps", "reward_first_quarter", "reward_last_quarter", "heldout_acc_initial", "heldout_acc_final",
-            "mismatch/k3_mean", "mismatch/k3_max", "mismatch/ratio_outside_C_mean",
-            "timing/sample_tokens_per_s_median", "timing/learn_tokens_per_s_median"]
-    rows = []
-    for path in runs:
-        m = json.loads(path.read_text())["metrics"]
-        rows.append([path.parent.name] + [m.get(k) for k in keys])
+    keys = ["steps", "reward_first_quarter", "reward_last_quarter", "heldout_n", "heldout_acc_initial",
+            "heldout_acc_final", "heldout_gain", "heldout_gain_se", "mismatch/k3_mean", "mismatch/k3_max",
+            "mismatch/ratio_outside_C_mean", "timing/sample_tokens_per_s_median", "timing/learn_tokens_per_s_median"]
+    rows = [[s.get("run", "?"), s["config"].get("seed")] + [s["metrics"].get(k) for k in keys] for s in summaries]
+    pairs = pair_results(summaries)
     return (head + "Each step the sampler generates G responses for B prompts under its profile; the learner "
             "recomputes log-probs under its own profile and updates (clip 0.2/0.28, token-mean, no KL). Mismatch "
-            "is logged every step (full curves in each run's `metrics.csv`).\n\n"
-            + _table(["run"] + [k.replace("timing/", "").replace("mismatch/", "") for k in keys], rows)
-            + "\n" + _img(results, results / "rl" / "curves.png", "RL curves"))
+            "is logged every step (full curves in each run's `metrics.csv`). Held-out accuracy: greedy decoding "
+            "under the sampler profile on the same `heldout_n` held-out problems at every evaluation "
+            "(`minite_core/rl/heldout.py`: why greedy); the gain is paired over those problems.\n\n"
+            + _table(["run", "seed"] + [k.replace("timing/", "").replace("mismatch/", "") for k in keys], rows)
+            + "\n" + _img(results, results / "rl" / "curves.png", "RL curves")
+            + "\n### Final held-out accuracy per pair\n\n"
+            "Mean over the pair's seeds; SE combines the binomial SE on the held-out problems with the spread over "
+            "seeds (`minite_core/report/rl.py`).\n\n" + pair_table(pairs)
+            + "\n### Claim (c), as measured\n\n" + claim_c(pairs) + "\n")
 
 
 def section_eval(results: Path) -> str:

@@ -123,7 +123,6 @@ def throughput_section(res: dict | str | Path | None) -> str:
     return head + REPORT_NOTE + "\n" + throughput_table(res)
 
 
-# ---- lm-eval -----------------------------------------------------------------------------------------------------
 # ---- sampler throughput -----------------------------------------------------------------------------------------------
 def sampler_table(res: dict) -> str:
     """Markdown from a sampler throughput/v1 payload (bench/sampler.py): rows, the reference sampler's "before"
@@ -173,6 +172,7 @@ def sampler_section(res: dict | str | Path | None) -> str:
             + sampler_table(res))
 
 
+# ---- lm-eval -----------------------------------------------------------------------------------------------------
 def _fmt_stderr(value: float | None, stderr: float | None) -> str:
     if value is None or math.isnan(value):
         return "–"
@@ -198,53 +198,3 @@ def eval_table(results: list) -> str:
         lines.append("| " + " | ".join([cfg.get("run", "?"), cfg.get("profile", "?"), *cells, str(n)]) + " |")
     return "\n".join(lines) + "\n"
 
-
-# ---- sampler decode throughput (minite bench sampler) --------------------------------------------------------
-def _f(v, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
-def sampler_table(res: dict) -> str:
-    """Markdown from a sampler throughput/v1 payload: rows, the reference "before" numbers, the targets."""
-    c = res["config"]
-    lines = [f"Measured on **{res['env'].get('gpu')}** (torch {res['env'].get('torch')}, commit "
-             f"`{res['env'].get('commit')}`): {c['prompt_len']}-token random prompts, {c['new_tokens']} new tokens "
-             f"per row (no stop token), median of {c['reps']} timed decodes after a warm-up.", "",
-             "| shape | batch | profile | engine | decode tokens/s | p20–p80 | step ms | × BF16 | generate tokens/s |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        note = r.get("error") or r.get("skipped")
-        if r.get("tokens_per_s") is None:
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['profile']} | {r.get('engine') or '—'} | "
-                         f"— ({note}) | | | | |")
-            continue
-        lines.append(f"| {r['shape']} | {r['batch']} | {r['profile']} | {r['engine']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f} | {r['step_ms']:.3f} | "
-                     f"{_f(r['speedup_vs_bf16'], '.2f')} | {r['generate_tokens_per_s']:,.0f} |")
-    if res.get("reference"):
-        lines += ["", "Before: the reference sampler (per-row host syncs, no graph), RL shape, whole generate():", "",
-                  "| profile | batch | reference tokens/s | fast generate × reference |", "|---|---:|---:|---:|"]
-        for r in res["reference"]:
-            lines.append(f"| {r['profile']} | {r['batch']} | {_f(r['tokens_per_s'], ',.0f')} | "
-                         f"{_f(r.get('fast_speedup_vs_reference'), ',.1f')} |")
-    t = res.get("targets", {})
-    if t.get("checks"):
-        scope = "" if t.get("applicable") else " (CPU run: the targets apply to the H200 run only)"
-        lines += ["", f"Targets{scope}:", ""]
-        for ch in t["checks"]:
-            mark = "—" if ch["met"] is None else ("met" if ch["met"] else "**missed**")
-            lines.append(f"- {ch['target']}: {_f(ch['value'], ',.2f')} ({mark})")
-    return "\n".join(lines) + "\n"
-
-
-def sampler_section(res: dict | str | Path | None) -> str:
-    """The report's section (reads only the JSON), `_not run_` without it."""
-    head = "## Sampler throughput: decode tokens/s per profile × shape × batch\n\n"
-    if res is None or (not isinstance(res, dict) and not Path(res).exists()):
-        return head + "_not run_\n"
-    if not isinstance(res, dict):
-        res = json.loads(Path(res).read_text())
-    return (head + "The fast sampler (static KV cache, sampling on the device, one CUDA graph per batch bucket; "
-            "engines/fast_sampler.py) against the bf16 profile in the same run; `rl` is the RL model, "
-            "`weight-bound` a dense 4096-wide model whose decode reads every weight per token.\n\n"
-            + sampler_table(res))

@@ -57,9 +57,10 @@ def parse_correction(name: str | None) -> str | None:
     return c
 
 
-def run_name(learner: str, sampler: str, correction: str | None) -> str:
-    """``{learner}__{sampler}__{correction}`` (correction "none" when off): the results directory of the run."""
-    return f"{learner}__{sampler}__{correction or 'none'}"
+def run_name(learner: str, sampler: str, correction: str | None, seed: int | None = None) -> str:
+    """``{learner}__{sampler}__{correction}`` (correction "none" when off), + ``__s{seed}`` when a run seed other
+    than the experiment's is named: the results directory of the run."""
+    return f"{learner}__{sampler}__{correction or 'none'}" + ("" if seed is None else f"__s{seed}")
 
 
 # ----------------------------------------------------------------------------------------------- vectorised

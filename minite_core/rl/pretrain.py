@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.engines import make_sampler
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
@@ -41,11 +40,10 @@ from minite_core.runs.cli import add_run_args, parse_run_args
 from minite_core.runs.lock import RunLock
 from minite_core.runs.state import fingerprint, resume, save_state
 from minite_core.runs.steplog import StepLog
+from minite_core.rl.heldout import evaluate
 from minite_core.seeds import tagged
 from minite_core.task.data import TOKENIZER, load_split
-from minite_core.task.arithmetic import LEVELS, reward
-from minite_core.task.tokenizer import (BOS_ID, EOS_ID, PAD_ID, decode_response, encode, load_tokenizer,
-                                        save_tokenizer)
+from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode, load_tokenizer, save_tokenizer
 
 VOCAB_SIZE = 64  # len(VOCAB) = 54 rounded up to a multiple of 16 (extra rows are never targets)
 
@@ -115,21 +113,9 @@ def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
 
 def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens: int,
                     batch_size: int = 256) -> dict[str, float]:
-    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (make_sampler):
-    {"acc", "acc/<level>", "response_len"}. Leaves the model in train mode with whatever profile it had."""
-    before, was_training = model.profile, model.training
-    prompts, _ = encode(tok, examples)
-    out = make_sampler(model, profile).generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
-                                           batch_size=batch_size)
-    rewards = [reward(decode_response(tok, r), e["answer"]) for r, e in zip(out.response_ids, examples)]
-    set_profile(model, before)
-    model.train(was_training)
-    res = {"acc": sum(rewards) / max(len(rewards), 1),
-           "response_len": sum(map(len, out.response_ids)) / max(len(out), 1)}
-    for li in sorted({e["level"] for e in examples}):
-        lv = [r for r, e in zip(rewards, examples) if e["level"] == li]
-        res[f"acc/{LEVELS[li].name}"] = sum(lv) / len(lv)
-    return res
+    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (rl/heldout.py):
+    {"acc", "se", "acc/<level>", "response_len"}. Leaves the model's mode and profile as they were."""
+    return evaluate(model, profile, tok, examples, max_new_tokens=max_new_tokens, batch_size=batch_size).metrics()
 
 
 def max_response_tokens(examples: list[dict]) -> int:

@@ -32,8 +32,11 @@ training run does unless someone re-calibrates on every sync. That staleness is 
 Logged every step to ``metrics.csv`` (row = step): reward, accuracy, response length, finished fraction, learner
 entropy, grad norm, the ``actor/*`` metrics of policy_loss (mean over mini-batches), every ``mismatch/*`` metric,
 sampling and learning tokens/s (``timing/*``, the only columns that differ between identical runs), held-out
-greedy accuracy under S on evaluation steps (``eval/*``, else empty). ``summary.json`` = results contract,
-stage "rl". ``final/``: the last weights in transformers format (fp32, with the calibrated scales and the
+greedy accuracy under S on evaluation steps (``eval/*``, else empty: rl/heldout.py — ``eval_n`` problems, the
+same ones every time, at step 0, every ``eval_every`` steps and the last step). ``summary.json`` = results
+contract, stage "rl": besides reward and mismatch summaries, ``heldout_n``, ``heldout_acc_initial`` /
+``heldout_acc_final`` with their binomial SEs, and ``heldout_gain`` with its paired SE (same problems before and
+after). ``final/``: the last weights in transformers format (fp32, with the calibrated scales and the
 tokenizer) for lm-eval.
 
 Resume (runs/state.py: checked, `--restart` to start over; runs/lock.py: one writer per run directory): state every ``checkpoint_every`` steps beside the live CSV; a resumed run replays the
@@ -51,7 +54,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.engines import Learner, make_sampler, resolve_engine
+from minite_core.engines import Learner, Sampler, make_sampler, resolve_engine
 from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model import load_pretrained, save_pretrained, set_profile
@@ -64,7 +67,8 @@ from minite_core.runs.state import fingerprint, resume, save_state
 from minite_core.seeds import tagged
 from minite_core.task.data import load_split
 from minite_core.rl.grpo import group_advantages, parse_correction, policy_loss, run_name
-from minite_core.rl.pretrain import eval_subset, greedy_accuracy, max_response_tokens
+from minite_core.rl.heldout import evaluate, heldout_set, paired_gain
+from minite_core.rl.pretrain import max_response_tokens
 from minite_core.task.arithmetic import reward
 from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
 
@@ -89,7 +93,10 @@ class RLConfig:
     top_p: float = 1.0
     max_new_tokens: int = 0  # 0 = longest reference response + <eos> + 16 (pretrain.max_response_tokens)
     eval_every: int = 8  # held-out greedy accuracy under the sampler profile (also at step 0 and the last step)
-    eval_per_level: int = 0  # held-out prompts per level at each evaluation; 0 = the whole held-out split
+    # held-out problems per evaluation (rl/heldout.py: round-robin over levels, the same set every time); 512 gives
+    # a binomial SE <= 2.2 points, what issue 20 asks of a claim; 0 = the whole held-out split
+    eval_n: int = 512
+    eval_batch_size: int = 512  # sampler rows per evaluation batch (one batch for the default eval_n)
     checkpoint_every: int = 8
     calibration_examples: int = 64  # training examples (prompt + reference response) for static scales
     # reward for a well-formed but wrong ``answer:`` line (task.reward); 0 = pure correctness, DESIGN.md's reward
@@ -100,9 +107,12 @@ class RLConfig:
             raise ValueError("RLConfig.group_size must be >= 2 (GRPO needs a group baseline)")
         if self.mini_batches < 1 or (self.prompts_per_step * self.group_size) % self.mini_batches:
             raise ValueError(f"RLConfig.mini_batches={self.mini_batches} must divide prompts_per_step*group_size")
-        for key in ("steps", "prompts_per_step", "eval_every", "checkpoint_every", "calibration_examples"):
+        for key in ("steps", "prompts_per_step", "eval_every", "checkpoint_every", "calibration_examples",
+                    "eval_batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"RLConfig.{key} must be >= 1, got {getattr(self, key)}")
+        if self.eval_n < 0:
+            raise ValueError(f"RLConfig.eval_n must be >= 0 (0 = the whole held-out split), got {self.eval_n}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"RLConfig needs temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 
@@ -256,7 +266,7 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
     sampler = make_sampler(model, S, engine=engine)
     return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), sampler, opt, tok, train_set,
-                 encode(tok, train_set)[0], eval_subset(heldout, cfg.eval_per_level),
+                 encode(tok, train_set)[0], heldout_set(heldout, cfg.eval_n),
                  cfg.max_new_tokens or max_response_tokens(train_set + heldout), correction,
                  run_name(L.name, S.name, correction), run_cfg)
 
@@ -264,9 +274,11 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
           learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
           experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
-          stop_after: int | None = None, restart: bool = False) -> dict:
+          stop_after: int | None = None, restart: bool = False, name: str | None = None) -> dict:
     """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
-    call, leaving a checkpoint (tests use it as a kill); ``restart`` discards the resume state."""
+    call, leaving a checkpoint (tests use it as a kill); ``restart`` discards the resume state; ``name``: the
+    run's name in summary.json (default ``run_name(learner, sampler, correction)``; the DAG passes its own, which
+    carries the run seed)."""
     out = Path(out)
     state_dir = Path(state_dir) if state_dir is not None else out / "state"
     out.mkdir(parents=True, exist_ok=True)
@@ -276,8 +288,8 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
         step, extra, log = resume(state_dir, model=model, optimizer=run.opt, config=run.run_cfg,
                                   log_name="metrics.csv", restart=restart)
         if step == 0:
-            extra["eval_initial"] = greedy_accuracy(model, S, run.tok, run.eval_set, max_new_tokens=run.max_new)
-        eval_keys = ["eval/acc"] + [f"eval/{k}" for k in extra["eval_initial"] if k != "acc"]
+            extra["eval_initial"] = _heldout(run, model, S)
+        eval_keys = [f"eval/{k}" for k in extra["eval_initial"] if k != "correct"]
         bar = tqdm(total=cfg.steps, initial=step, desc=run.name, disable=not progress, mininterval=2.0)
         steps_this_call = 0
         while step < cfg.steps:
@@ -287,8 +299,8 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
                           correction=run.correction, max_new=run.max_new)
             row.update({k: None for k in eval_keys})
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                ev = greedy_accuracy(model, S, run.tok, run.eval_set, max_new_tokens=run.max_new)
-                row.update({f"eval/{k}": v for k, v in ev.items()})
+                ev = _heldout(run, model, S)
+                row.update({f"eval/{k}": v for k, v in ev.items() if k != "correct"})
                 extra["eval_last"] = ev
             log.append(row)
             bar.update(1)
@@ -305,13 +317,36 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
         save_tokenizer(run.tok, out / FINAL)
         metrics = summarize(log.rows(), extra)
         write_result(out / "summary.json", stage="rl", experiment=experiment, config=run.run_cfg, metrics=metrics,
-                     run=run.name)
+                     run=name or run.name)
         return metrics
 
 
+def _heldout(run: _GRPO, model, profile) -> dict:
+    """One held-out evaluation under the sampler profile: its eval/* metrics + the per-problem outcomes (kept in
+    the resume state, for the paired gain)."""
+    ev = evaluate(model, profile, run.tok, run.eval_set, max_new_tokens=run.max_new,
+                  batch_size=run.cfg.eval_batch_size, sampler=run.sampler)  # the rollout engine: graphs reused
+    return {**ev.metrics(), "correct": list(ev.correct)}
+
+
+def heldout_summary(initial: dict | None, final: dict | None) -> dict:
+    """summary.json's held-out numbers from the first and last evaluation (rl/heldout.py): n, accuracies and
+    their binomial SEs, the paired gain and its SE, the final accuracy per level."""
+    nan = math.nan
+    init, last = initial or {}, final or {}
+    out = {"heldout_decoding": "greedy", "heldout_n": len(init.get("correct", ())),
+           "heldout_acc_initial": init.get("acc", nan), "heldout_se_initial": init.get("se", nan),
+           "heldout_acc_final": last.get("acc", nan), "heldout_se_final": last.get("se", nan),
+           "heldout_gain": nan, "heldout_gain_se": nan}
+    if init.get("correct") and last.get("correct"):
+        out["heldout_gain"], out["heldout_gain_se"] = paired_gain(init["correct"], last["correct"])
+    out.update({f"heldout_acc_final/{k[4:]}": v for k, v in last.items() if k.startswith("acc/")})
+    return out
+
+
 def summarize(rows: list[dict[str, str]], extra: dict) -> dict:
-    """Run-level numbers for summary.json: first/last-quarter reward, held-out accuracy before/after, mismatch
-    mean/max over steps, median throughput."""
+    """Run-level numbers for summary.json: first/last-quarter reward, held-out accuracy before/after
+    (`heldout_summary`), mismatch mean/max over steps, median throughput."""
     def col(key):
         vals = [float(r[key]) for r in rows if r.get(key, "") not in ("", "nan")]
         return vals
@@ -321,8 +356,7 @@ def summarize(rows: list[dict[str, str]], extra: dict) -> dict:
     mean = lambda rs, k: statistics.fmean(float(r[k]) for r in rs) if rs else math.nan  # noqa: E731
     out = {"steps": len(rows),
            "reward_first_quarter": mean(first, "reward/mean"), "reward_last_quarter": mean(last, "reward/mean"),
-           "heldout_acc_initial": extra.get("eval_initial", {}).get("acc", math.nan),
-           "heldout_acc_final": extra.get("eval_last", {}).get("acc", math.nan)}
+           **heldout_summary(extra.get("eval_initial"), extra.get("eval_last"))}
     for key in rows[0] if rows else []:
         if key.startswith("mismatch/") and col(key):
             out[f"{key}_mean"] = statistics.fmean(col(key))
@@ -341,12 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learner", required=True, help="learner profile, e.g. te-nvfp4")
     p.add_argument("--sampler", required=True, help="sampler profile, e.g. vllm-nvfp4")
     p.add_argument("--correction", default="none", help="none | tis | mis-token | mis-seq")
+    p.add_argument("--name", default=None, help="run name in summary.json (default learner__sampler__correction)")
     add_run_args(p, "RLConfig fields as JSON (the experiment's `rl:` minus runs)")
     args, cfg = parse_run_args(p, argv, RLConfig)
     metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
-                    progress=not args.no_progress, restart=args.restart)
+                    progress=not args.no_progress, restart=args.restart, name=args.name)
     print(f"rl: {metrics['steps']} steps, reward {metrics['reward_first_quarter']:.3f} -> "
           f"{metrics['reward_last_quarter']:.3f}, held-out {metrics['heldout_acc_initial']:.3f} -> "
           f"{metrics['heldout_acc_final']:.3f}, k3 mean {metrics.get('mismatch/k3_mean', math.nan):.2e}")

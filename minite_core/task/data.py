@@ -37,7 +37,9 @@ class DataConfig:
     # train prompts per level: > steps x batch of the smoke pretraining would be needed to avoid repeats; repeats
     # are harmless for SFT here (the smoke model underfits), and 2048 writes in well under a second
     n_train_per_level: int = 2048
-    n_heldout_per_level: int = 128  # binomial std err of accuracy <= 4.4 points per level
+    # held-out prompts per level: 512 = what an RL evaluation scores by default (RLConfig.eval_n; binomial SE <= 2.2
+    # points, issue 20)
+    n_heldout_per_level: int = 512
 
     def __post_init__(self):
         if not self.levels:

@@ -39,3 +39,11 @@ rule eval_checkpoint:
         "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 minite eval --checkpoint {input.checkpoint} "
         "--profile {wildcards.profile} --data-dir {params.data_dir} --calib {input.calib} --run {wildcards.run} "
         "--out {output.json} --samples {output.samples} {params.run} --config-json {params.config:q} > {log} 2>&1"
+
+
+rule rl_eval:
+    # A target, not a stage: every RL run, its curves and lm-eval of its final checkpoint — what a long GPU session
+    # needs (workflow/scripts/h200_rl.sh start rl_eval) without the benchmarks and diagnostics of `all`.
+    input:
+        rules.rl_figures.output.png,
+        expand(rules.eval_checkpoint.output.json, run=EVAL_RUNS, profile=EVAL_PROFILES),

@@ -1,8 +1,10 @@
 # Stage: long-horizon GRPO, one job per engine pair (minite_core.rl.train; `minite rl`), and the curves figure.
 #
 # Config `rl:` = RLConfig fields (minite_core/rl/train.py) + `runs`: a list of
-#   {learner: <profile>, sampler: <profile>, correction: none|tis|mis-token|mis-seq (default none)}
-# (or the string "learner:sampler[:correction]"). Run name = `{learner}__{sampler}__{correction}`; outputs under
+#   {learner: <profile>, sampler: <profile>, correction: none|tis|mis-token|mis-seq (default none),
+#    seed: <run seed> (default: the experiment's)}
+# (or the string "learner:sampler[:correction]"). Run name = `{learner}__{sampler}__{correction}`, + `__s<seed>`
+# for a seed other than the experiment's (seeds of one pair: the report's seed bands); outputs under
 # {RESULTS}/rl/{run}/: metrics.csv (one row per step), summary.json (stage "rl"), final/ (transformers checkpoint
 # for lm-eval). Resume state in {RESULTS}/rl/{run}/state/ (not an output: survives a killed job).
 import re
@@ -37,10 +39,10 @@ rule rl:
         learner=lambda wildcards: RL_RUNS[wildcards.run]["learner"],
         sampler=lambda wildcards: RL_RUNS[wildcards.run]["sampler"],
         correction=lambda wildcards: RL_RUNS[wildcards.run]["correction"],
-        run=RUN,
+        run=lambda wildcards: run_options(config, seed=RL_RUNS[wildcards.run]["seed"]),
         config=section_json(config, "rl", drop=("runs",)),
     shell:
-        "minite rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} "
+        "minite rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} --name {wildcards.run} "
         "--learner {params.learner} --sampler {params.sampler} --correction {params.correction} "
         "--threads {threads} --no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"
 
