@@ -33,7 +33,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("eval",),
     ("bench",),
     ("report",),
-    ("cli", "experiment"),  # the `minite` dispatcher (imports commands by name); the DAG's config checks
+    # the `minite` dispatcher (imports commands by name); the DAG's config checks; the sweep driver (runs whole
+    # experiments as `minite` subprocesses)
+    ("cli", "experiment", "sweep"),
 )
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

@@ -1,4 +1,4 @@
-"""`minite sweep` (rl/sweep.py): a sweep file is checked before anything runs; a tiny sweep builds its data and
+"""`minite sweep` (minite_core/sweep.py): a sweep file is checked before anything runs; a tiny sweep builds its data and
 base model once, runs every (point, pair), ranks the rows by gain - 2 SE and, rerun, runs nothing again."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from minite_core.results import read_result
-from minite_core.rl import sweep as sweep_mod
-from minite_core.rl.sweep import load_sweep, points, run_sweep
+from minite_core import sweep as sweep_mod
+from minite_core.sweep import load_sweep, points, run_sweep
 
 BASE = {  # a tiny experiment: seconds per command (format credit: the barely trained model gets mixed rewards)
     "experiment": "sweeptest", "device": "cpu", "seed": 0,

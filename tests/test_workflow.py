@@ -111,7 +111,7 @@ def test_rl_run_seeds_name_the_runs():
 
 
 def test_sweep_files_load():
-    from minite_core.rl.sweep import load_sweep, points
+    from minite_core.sweep import load_sweep, points
 
     for path in sorted((ROOT / "experiments" / "sweeps").glob("*.yaml")):
         assert points(load_sweep(path)), path
