@@ -17,3 +17,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _restore_kernel_backend():
+    """A test that runs a CLI in-process (`--kernels ...`) sets the process's kernel backend; the next test gets the
+    backend the session started with (a leaked `triton` ran later CPU tests in the interpreter, ~100x slower)."""
+    from minite_core.kernels import dispatch
+
+    before = dispatch._RUN_BACKEND
+    yield
+    dispatch._RUN_BACKEND = before

@@ -257,14 +257,14 @@ def _main(args) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
     from minite_core.kernels import interpret  # noqa: F401  (the interpreter fixes, when interpreting)
 
-    dispatch.set_backend("triton")
     profiles = experiment_profiles(config)
     sh = shapes(config, device)
-    ck = Checker(device, dispatch.current_backend())
-    t0 = time.perf_counter()
-    check_quantizers(ck, _quant_variants(profiles), sh["m"], sh["k"])
-    check_gemms(ck, sh["m"], sh["n"], sh["k"], sh["experts"], sh["top_k"],
-                fp32_head=any(get_profile(p).lm_head_dtype == "float32" for p in profiles))
+    with dispatch.using_backend("triton"):
+        ck = Checker(device, dispatch.current_backend())
+        t0 = time.perf_counter()
+        check_quantizers(ck, _quant_variants(profiles), sh["m"], sh["k"])
+        check_gemms(ck, sh["m"], sh["n"], sh["k"], sh["experts"], sh["top_k"],
+                    fp32_head=any(get_profile(p).lm_head_dtype == "float32" for p in profiles))
     failed = [r for r in ck.rows if r["verdict"] != "ok"]
     write_result(args.out, stage="kernels", experiment=args.experiment,
                  config={"profiles": profiles, "shapes": sh, "gemm_tol": GEMM_TOL, "device": str(device)},

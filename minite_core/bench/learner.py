@@ -233,6 +233,39 @@ def run(cfg: LearnerBenchConfig, device: torch.device, log=print) -> dict:
         torch.set_num_threads(threads)
 
 
+def _rows(profiles: list[str], samples: dict, peaks: dict, saved: dict, tokens: int, flops: float,
+          ceiling: float | None) -> list[dict]:
+    """One result row per profile from its timed steps, peak memory and saved activations; ratios vs bf16/te."""
+    stats = {name: Stats.of(samples[name]) for name in profiles}
+    rows = []
+    for name in profiles:
+        s, sv = stats[name], saved[name]
+        rows.append({
+            "profile": name,
+            "tokens_per_s": tokens / (s.median_ms / 1e3),
+            "model_tflops_per_s": flops / (s.median_ms / 1e3) / 1e12,
+            "mfu": None if ceiling is None else flops / (s.median_ms / 1e3) / 1e12 / ceiling,
+            "p20_tokens_per_s": tokens / (s.p80_ms / 1e3),
+            "p80_tokens_per_s": tokens / (s.p20_ms / 1e3),
+            "step_ms": s.median_ms, "step_ms_p20": s.p20_ms, "step_ms_p80": s.p80_ms, "n_steps": s.n,
+            "peak_mem_gb": peaks[name] / GB if name in peaks else None,
+            "saved_act_gb": sv["total"] / GB,
+            "saved_act_decoder_gb": sv["decoder"] / GB,
+            "saved_act_by_dtype_gb": {k: v / GB for k, v in sorted(sv["by_dtype"].items())},
+            "saved_act_by_producer_gb": {k: v / GB for k, v in sorted(sv["by_producer"].items(),
+                                                                      key=lambda kv: -kv[1])},
+        })
+    by_name = {row["profile"]: row for row in rows}
+    for row in rows:
+        bf16, te = by_name.get("bf16"), by_name.get("te-nvfp4")
+        row["saved_act_ratio_vs_bf16"] = row["saved_act_gb"] / bf16["saved_act_gb"] if bf16 else None
+        row["saved_act_decoder_ratio_vs_bf16"] = (row["saved_act_decoder_gb"] / bf16["saved_act_decoder_gb"]
+                                                  if bf16 and bf16["saved_act_decoder_gb"] else None)
+        row["speedup_vs_bf16"] = row["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None
+        row["speedup_vs_te_nvfp4"] = row["tokens_per_s"] / te["tokens_per_s"] if te else None
+    return rows
+
+
 def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cuda: bool) -> dict:
     ceiling = gemm_ceiling_tflops(device)
     if ceiling is not None:
@@ -292,33 +325,8 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
     op_tables = {name: _op_profile(model, opt, input_ids, labels, name, log) for name in cfg.profiles} \
         if cfg.op_profile else {}
 
-    stats = {name: Stats.of(samples[name]) for name in cfg.profiles}
-    rows = []
-    for name in cfg.profiles:
-        s, sv = stats[name], saved[name]
-        rows.append({
-            "profile": name,
-            "tokens_per_s": tokens / (s.median_ms / 1e3),
-            "model_tflops_per_s": flops / (s.median_ms / 1e3) / 1e12,
-            "mfu": None if ceiling is None else flops / (s.median_ms / 1e3) / 1e12 / ceiling,
-            "p20_tokens_per_s": tokens / (s.p80_ms / 1e3),
-            "p80_tokens_per_s": tokens / (s.p20_ms / 1e3),
-            "step_ms": s.median_ms, "step_ms_p20": s.p20_ms, "step_ms_p80": s.p80_ms, "n_steps": s.n,
-            "peak_mem_gb": peaks[name] / GB if name in peaks else None,
-            "saved_act_gb": sv["total"] / GB,
-            "saved_act_decoder_gb": sv["decoder"] / GB,
-            "saved_act_by_dtype_gb": {k: v / GB for k, v in sorted(sv["by_dtype"].items())},
-            "saved_act_by_producer_gb": {k: v / GB for k, v in sorted(sv["by_producer"].items(),
-                                                                      key=lambda kv: -kv[1])},
-        })
+    rows = _rows(cfg.profiles, samples, peaks, saved, tokens, flops, ceiling)
     by_name = {row["profile"]: row for row in rows}
-    for row in rows:
-        bf16, te = by_name.get("bf16"), by_name.get("te-nvfp4")
-        row["saved_act_ratio_vs_bf16"] = row["saved_act_gb"] / bf16["saved_act_gb"] if bf16 else None
-        row["saved_act_decoder_ratio_vs_bf16"] = (row["saved_act_decoder_gb"] / bf16["saved_act_decoder_gb"]
-                                                  if bf16 and bf16["saved_act_decoder_gb"] else None)
-        row["speedup_vs_bf16"] = row["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None
-        row["speedup_vs_te_nvfp4"] = row["tokens_per_s"] / te["tokens_per_s"] if te else None
 
     mcfg = cfg.model_config()
     config = {**dataclasses.asdict(cfg), "warmup_run": warmup, "iters_run": iters, "tokens_per_step": tokens,

@@ -16,6 +16,7 @@ optimizer step). Results: a_hat @ b_hat^T, equal across backends up to fp32 accu
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -60,6 +61,18 @@ def set_backend(name: str | None) -> None:
         if not ok:
             raise ValueError(f"kernel backend {name!r} is not usable here: {reason}")
     _RUN_BACKEND = name
+
+
+@contextmanager
+def using_backend(name: str | None):
+    """`set_backend(name)` for a block; the run's backend is restored afterwards (a stage run in-process, e.g. the
+    kernels check, must not switch the backend of whatever runs next in the same process)."""
+    before = _RUN_BACKEND
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(before)
 
 
 def current_backend() -> str:

@@ -304,6 +304,20 @@ def run_main(a) -> int:
         record("nvfp4-dense", "learner", name, "vllm-nvfp4", _score(dense, name, rn), **cfg_nv)
     traces["nvfp4-dense"] = _traces(out, "nvfp4-dense", cap_nv, dense, ("vllm-nvfp4", "vllm-nvfp4-cpu"), common)
 
+    ratios = _ratios(results)
+    kcheck = _kernel_check(nv_dir, work / "kernel_check.json", a.seed)
+    vllm_version = torch.load(cap_nv).get("vllm", _vllm_version())
+    write_result(out / STAGE / "nvfp4_kernel_check.json", stage=STAGE, experiment=EXPERIMENT,
+                 config={"checkpoint": cfg_nv["checkpoint"], "rows_per_module": 37, "seed": a.seed,
+                         "vllm": vllm_version}, metrics=kcheck["summary"], per_module=kcheck["per_module"])
+    write_result(out / STAGE / "ratios.json", stage=STAGE, experiment=EXPERIMENT, config=common, metrics=ratios,
+                 traces=traces, floors_bf16_learner_sampler=floors)
+    _write_summary(out / STAGE / "summary.md", results, kcheck["summary"], ratios, traces, vllm_version, common)
+    return 0
+
+
+def _ratios(results: list[tuple[str, str, str, str, dict]]) -> dict:
+    """k3 of each NVFP4 / MoE configuration over the dense BF16 floor, against the fidelity targets."""
     k3 = {(s, e, p, v): m["mismatch/k3"] for s, e, p, v, m in results}
     floor = k3[("bf16-dense", "learner", "bf16", "vllm-bf16")]
     ratios = {
@@ -319,23 +333,18 @@ def run_main(a) -> int:
     }
     ratios["nvfp4_ok"] = ratios["nvfp4_over_floor"] <= 3.0
     ratios["moe_ok"] = ratios["moe_over_floor"] <= 2.0
+    return ratios
 
-    # kernel check (vLLM's functions, in a subprocess: importing vLLM here would change torch's threading)
-    kc = work / "kernel_check.json"
+
+def _kernel_check(nv_dir: Path, out: Path, seed: int) -> dict:
+    """vLLM's own NVFP4 functions on the checkpoint's modules, in a subprocess (importing vLLM here would change
+    torch's threading)."""
     rc = subprocess.run([sys.executable, "-m", "minite_core.peers.vllm_compare", "kernel-check",
-                         "--checkpoint", str(nv_dir), "--out", str(kc), "--seed", str(a.seed)],
+                         "--checkpoint", str(nv_dir), "--out", str(out), "--seed", str(seed)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if rc.returncode != 0:
         raise RuntimeError(f"kernel-check failed: {rc.stderr[-3000:]}")
-    kcheck = json.loads(kc.read_text())
-    vllm_version = torch.load(cap_nv).get("vllm", _vllm_version())
-    write_result(out / STAGE / "nvfp4_kernel_check.json", stage=STAGE, experiment=EXPERIMENT,
-                 config={"checkpoint": cfg_nv["checkpoint"], "rows_per_module": 37, "seed": a.seed,
-                         "vllm": vllm_version}, metrics=kcheck["summary"], per_module=kcheck["per_module"])
-    write_result(out / STAGE / "ratios.json", stage=STAGE, experiment=EXPERIMENT, config=common, metrics=ratios,
-                 traces=traces, floors_bf16_learner_sampler=floors)
-    _write_summary(out / STAGE / "summary.md", results, kcheck["summary"], ratios, traces, vllm_version, common)
-    return 0
+    return json.loads(out.read_text())
 
 
 def _ratio(x: float, floor: float) -> float:
