@@ -31,6 +31,7 @@ from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand
 from minite_core.nn.linear import cache_context, linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
+from minite_core.nn.shard import current as current_shard
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
 
@@ -38,6 +39,10 @@ from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
                    input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None) -> torch.Tensor:
     """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype."""
+    if profile.weight is not None and current_shard() is not None:
+        raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
+                                  "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
+                                  "profile or one process for an MoE model")
     if dispatch.fast_path(x):
         if profile.weight is None:
             return _grouped_bf16(x, weight, layout, profile, cache)
