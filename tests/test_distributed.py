@@ -163,3 +163,66 @@ def test_rows_must_split_and_tokens_align():
     with pytest.raises(ValueError, match="does not split over 2 ranks"):
         dp.rows(3)
     assert dp.rows(4) == slice(0, 2)
+
+
+def _resume_worker(rank, world, port, profile, ckpt, mode, path):
+    """mode "straight": steps 0 and 1, checkpoint after step 0; "resume": load that checkpoint, step 1."""
+    from minite_core.runs.sharded_state import load_sharded, save_sharded
+
+    torch.set_num_threads(1)
+    dp = D.init(rank, world, init_method=f"tcp://127.0.0.1:{port}")
+    model = D.shard_model(_model())
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    learner = Learner(model, profile, seed=11)
+    prompts, responses, adv = _batch()
+    if mode == "straight":
+        learner.set_step(0)
+        D.pg_step(learner, opt, prompts, responses, adv, dp=dp)
+        save_sharded(ckpt, step=1, model=model, optimizer=opt, config={"profile": profile})
+    else:
+        assert load_sharded(ckpt, model=model, optimizer=opt, config={"profile": profile}) == 1
+    learner.set_step(1)
+    D.pg_step(learner, opt, prompts, responses, -adv, dp=dp)
+    snap = _snapshot(model, opt)
+    if rank == 0:
+        torch.save(snap, path)
+    torch.distributed.destroy_process_group()
+
+
+def test_sharded_resume_is_exact(tmp_path, one_thread):
+    """A sharded run checkpointed (DCP) after step 0 and resumed in fresh processes repeats step 1 bit for bit:
+    weights, gradients and AdamW moments."""
+    ckpt = tmp_path / "ckpt"
+    snaps = []
+    for mode in ("straight", "resume"):
+        path = str(tmp_path / f"{mode}.pt")
+        mp.spawn(_resume_worker, args=(WORLD, _free_port(), "minite", str(ckpt), mode, path), nprocs=WORLD)
+        snaps.append(torch.load(path))
+    straight, resumed = snaps
+    assert set(straight) == set(resumed)
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step-1"]
+
+
+def test_sharded_resume_refuses_a_missing_checkpoint(tmp_path):
+    from minite_core.runs.sharded_state import load_sharded
+
+    with pytest.raises(ValueError, match="no sharded checkpoint"):
+        load_sharded(tmp_path, model=None, optimizer=None)
+
+
+def test_sr_origin_draws_the_full_tensors_stream():
+    """A shard quantized at its origin with the global amax has the full tensor's SR codes and scales (the
+    property nn.shard relies on), and without the origin it does not."""
+    from minite_core.formats.nvfp4 import quantize
+
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+    full_q = quantize(x, rounding="sr", seed=5)
+    amax = x.abs().amax()
+    part = quantize(x[32:], rounding="sr", seed=5, amax=amax, sr_origin=(32, 0))
+    assert torch.equal(part.data, full_q.data[32:]) and torch.equal(part.scale.view(torch.uint8),
+                                                                    full_q.scale[32:].view(torch.uint8))
+    cols = quantize(x[:, 16:], rounding="sr", seed=5, amax=amax, sr_origin=(0, 16))
+    assert torch.equal(cols.data, full_q.data[:, 8:])
+    assert not torch.equal(quantize(x[32:], rounding="sr", seed=5, amax=amax).data, full_q.data[32:])
