@@ -18,6 +18,8 @@ import torch
 import torch.multiprocessing as mp
 
 from minite_core.engines import distributed as D
+from minite_core.engines import expert_parallel as EP
+from minite_core.engines.expert_parallel import expert_params
 from minite_core.engines.learner import Learner
 from minite_core.model import CausalLM, PRESETS
 from minite_core.profiles import get_profile
@@ -36,6 +38,8 @@ def _dw_dtype(name: str, profile: str) -> str:
     p = get_profile(profile)
     if "norm" in name or p.weight is None:
         return "bfloat16"
+    if name.endswith("mlp.gate.weight"):  # the MoE router
+        return p.router_dtype
     if name in ("lm_head.weight", "model.embed_tokens.weight"):  # tied in tiny-dense
         return p.lm_head_dtype
     return "float32"
@@ -57,28 +61,39 @@ def _batch(N: int = 4, L: int = 24):
     return prompts, responses, adv
 
 
-def _model():
+def _model(preset: str = "tiny-dense"):
     torch.manual_seed(0)
-    return CausalLM(PRESETS["tiny-dense"]).init_weights(seed=3)
+    return CausalLM(PRESETS[preset]).init_weights(seed=3)
 
 
 def _snapshot(model, opt) -> dict:
     """Full (gathered) weights, grads and AdamW moments by parameter name (a collective on a sharded model)."""
+    experts = expert_params(model)
+
+    def whole(t, p):  # an expert-parallel rank's expert slice: gathered along the expert dim
+        if p not in experts:
+            return D.full(t).clone()
+        parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, t.contiguous())
+        return torch.cat(parts)
+
     out = {}
     for name, p in model.named_parameters():
-        out[f"w/{name}"] = D.full(p.detach()).clone()
-        out[f"g/{name}"] = D.full(p.grad).clone()
-        out[f"m/{name}"] = D.full(opt.state[p]["exp_avg"]).clone()
+        out[f"w/{name}"] = whole(p.detach(), p)
+        out[f"g/{name}"] = whole(p.grad, p)
+        out[f"m/{name}"] = whole(opt.state[p]["exp_avg"], p)
     return out
 
 
-def _worker(rank, world, port, profile, reduce_amax, path):
+def _worker(rank, world, port, profile, reduce_amax, path, preset="tiny-dense"):
     torch.set_num_threads(1)
     dp = D.init(rank, world, init_method=f"tcp://127.0.0.1:{port}")
     if not reduce_amax:  # the control: every rank quantizes with its own amaxes
         dp = D.DataParallel(rank=dp.rank, world=dp.world, amax_group=dp.amax_group)
         object.__setattr__(dp, "reduce_max", lambda t: t)
-    model = D.shard_model(_model())
+    model = _model(preset)
+    EP.install(model, rank, world)  # a no-op without MoE layers
+    model = D.shard_model(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     learner = Learner(model, profile, seed=11)
     learner.set_step(0)
@@ -96,14 +111,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(tmp_path, profile, reduce_amax=True) -> list[dict]:
+def _run_ranks(tmp_path, profile, reduce_amax=True, preset="tiny-dense") -> list[dict]:
     path = str(tmp_path / "rank")
-    mp.spawn(_worker, args=(WORLD, _free_port(), profile, reduce_amax, path), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(WORLD, _free_port(), profile, reduce_amax, path, preset), nprocs=WORLD, join=True)
     return [torch.load(f"{path}.{r}") for r in range(WORLD)]
 
 
-def _reference(profile):
-    model = _model()
+def _reference(profile, preset="tiny-dense"):
+    model = _model(preset)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     learner = Learner(model, profile, seed=11)
     learner.set_step(0)
@@ -116,10 +131,13 @@ def _masked(logp, mask):
     return torch.where(mask, logp, torch.zeros_like(logp))
 
 
-@pytest.mark.parametrize("profile", ["bf16", "te-nvfp4", "minite"])
-def test_data_parallel_step_equals_one_process(tmp_path, one_thread, profile):
-    ranks = _run_ranks(tmp_path, profile)
-    ref, snap_ref = _reference(profile)
+@pytest.mark.parametrize("preset, profile", [("tiny-dense", "bf16"), ("tiny-dense", "te-nvfp4"),
+                                             ("tiny-dense", "minite"), ("tiny-moe", "bf16"),
+                                             ("tiny-moe", "te-nvfp4"), ("tiny-moe", "minite")])
+def test_data_parallel_step_equals_one_process(tmp_path, one_thread, preset, profile):
+    """tiny-moe runs its experts expert-parallel (engines.expert_parallel): 4 experts, 2 a rank."""
+    ranks = _run_ranks(tmp_path, profile, preset=preset)
+    ref, snap_ref = _reference(profile, preset)
     n = ref.logp.shape[0] // WORLD
     for r, got in enumerate(ranks):  # per-token log-probs: bitwise, row for row
         T = got["logp"].shape[1]
@@ -136,10 +154,15 @@ def test_data_parallel_step_equals_one_process(tmp_path, one_thread, profile):
         worst[key] = float((snap[key] - snap_ref[key]).abs().amax() / scale)
     bad = {k: v for k, v in worst.items() if v > GRAD_TOL[_dw_dtype(k[2:], profile)]}
     assert not bad, f"max |g_dp - g_ref| / max |g_ref| above GRAD_TOL: {bad}"
+    # an expert's gradient is one GEMM on its owner over the same rows as in one process: bitwise
+    experts = [k for k in snap_ref if k.startswith("g/") and ".experts." in k]
+    assert bool(experts) == (preset == "tiny-moe")
+    for key in experts:
+        torch.testing.assert_close(snap[key], snap_ref[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
     # the sharded AdamW is the single-process AdamW on the (gathered) gradients, bit for bit. (The updated
     # weights are not compared to the reference's within a tolerance: at step 1 Adam's update is
     # lr·g/(|g| + eps), which turns an fp32-level gradient difference into up to lr where |g| is near eps.)
-    model = _model()
+    model = _model(preset)
     for name, p in model.named_parameters():
         p.grad = snap[f"g/{name}"].clone()
     torch.optim.AdamW(model.parameters(), lr=LR).step()

@@ -24,10 +24,12 @@ Equality with one process (`pg_step` with dp=None vs. on each rank), on the same
   bf16), so gradients and the updated weights agree within the dW dtype's rounding (tests name the tolerance).
   Per-token log-probs are bitwise wherever the CPU GEMM's result for a row does not depend on how many rows
   it multiplies (tested).
-Not covered: NVFP4 expert GEMMs of an MoE model under data parallelism refuse to run (nn.experts): per-expert
-amaxes and 16-token wgrad blocks span ranks, which expert parallelism (all-to-all dispatch, every expert's tokens
-on one rank) would fix; the bf16 profile runs MoE models. The Triton quantizers take no SR origin yet, so on GPU
-the NVFP4 profiles refuse a token shard (kernels.dispatch) until they do.
+MoE layers: call `engines.expert_parallel.install` before `shard_model` — experts split over the ranks, tokens
+dispatched with all-to-all, every expert's GEMMs on one rank over exactly its single-process rows (bitwise expert
+gradients); those weights stay out of FSDP. Without it, NVFP4 expert GEMMs on a token shard refuse to run
+(nn.experts: per-expert amaxes and 16-token wgrad blocks would span ranks).
+Not yet on GPU: the Triton quantizers take no SR origin and the grouped Triton path no expert offset, so the NVFP4
+profiles refuse a token shard there (kernels.dispatch, nn.experts) until they do; bf16 DP has no such limit.
 """
 from __future__ import annotations
 
@@ -89,10 +91,13 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     because `pg_step` already divides by the global token count."""
     from torch.distributed.fsdp import fully_shard
 
+    from minite_core.engines.expert_parallel import expert_params
+
+    ignored = expert_params(model) or None  # experts of expert parallelism stay whole on their owner
     layers = list(model.model.layers)
     for i, block in enumerate(layers):
-        fully_shard(block, reshard_after_forward=i < len(layers) - 1)
-    fully_shard(model)
+        fully_shard(block, reshard_after_forward=i < len(layers) - 1, ignored_params=ignored)
+    fully_shard(model, ignored_params=ignored)
     for unit in (*layers, model):
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM (the 1.0 factor's op)

@@ -36,7 +36,7 @@ class TokenShard:
     reduce_max: Callable[[torch.Tensor], torch.Tensor]  # fp32 [] -> max over the data-parallel group (all ranks call)
 
 
-_CURRENT: list[TokenShard] = []
+_CURRENT: list[TokenShard | None] = []
 
 
 def current() -> TokenShard | None:
@@ -45,8 +45,9 @@ def current() -> TokenShard | None:
 
 
 @contextlib.contextmanager
-def token_shard(shard: TokenShard):
-    """Run a forward (and its backward) as one rank's slice of the global batch."""
+def token_shard(shard: TokenShard | None):
+    """Run a forward (and its backward) as one rank's slice of the global batch; None: as whole tensors (the
+    expert GEMMs of expert parallelism, which see every token of their experts)."""
     _CURRENT.append(shard)
     try:
         yield shard
