@@ -11,7 +11,11 @@ A control shows the amax reduction is what makes te-nvfp4 equal: without it the 
 """
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +29,7 @@ from minite_core.model import CausalLM, PRESETS
 from minite_core.profiles import get_profile
 
 WORLD = 2
+ROOT = Path(__file__).resolve().parents[1]
 # max |g_dp - g_ref| / max |g_ref| per tensor, vs. one process, by the dtype the parameter's dW is emitted in.
 # A rank's dW is a GEMM (or reduction) over its tokens; the sum of R of them differs from one over all tokens by
 # reassociation. fp32-emitted dW (the NVFP4 GEMMs, an fp32 LM head): fp32 rounding. bf16-emitted dW (every GEMM
@@ -117,12 +122,12 @@ def _run_ranks(tmp_path, profile, reduce_amax=True, preset="tiny-dense") -> list
     return [torch.load(f"{path}.{r}") for r in range(WORLD)]
 
 
-def _reference(profile, preset="tiny-dense"):
+def _reference(profile, preset="tiny-dense", L=24):
     model = _model(preset)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     learner = Learner(model, profile, seed=11)
     learner.set_step(0)
-    prompts, responses, adv = _batch()
+    prompts, responses, adv = _batch(L=L)
     out = D.pg_step(learner, opt, prompts, responses, adv)
     return out, _snapshot(model, opt)
 
@@ -137,8 +142,12 @@ def _masked(logp, mask):
 def test_data_parallel_step_equals_one_process(tmp_path, one_thread, preset, profile):
     """tiny-moe runs its experts expert-parallel (engines.expert_parallel): 4 experts, 2 a rank."""
     ranks = _run_ranks(tmp_path, profile, preset=preset)
-    ref, snap_ref = _reference(profile, preset)
-    n = ref.logp.shape[0] // WORLD
+    _check_equal(ranks, *_reference(profile, preset), profile, preset)
+
+
+def _check_equal(ranks, ref, snap_ref, profile, preset):
+    """The rank outputs (rank 0 with the gathered snapshot) against the single-process step (module docstring)."""
+    n = ref.logp.shape[0] // len(ranks)
     for r, got in enumerate(ranks):  # per-token log-probs: bitwise, row for row
         T = got["logp"].shape[1]
         rows = slice(r * n, (r + 1) * n)
@@ -210,6 +219,47 @@ def _resume_worker(rank, world, port, profile, ckpt, mode, path):
     if rank == 0:
         torch.save(snap, path)
     torch.distributed.destroy_process_group()
+
+
+_TORCHRUN_SCRIPT = """
+import sys
+import torch
+from test_distributed import LR, _batch, _model, _snapshot
+from minite_core.engines import distributed as D
+from minite_core.engines.learner import Learner
+
+torch.set_num_threads(1)
+dp = D.init_from_env()
+model = D.shard_model(_model())
+opt = torch.optim.AdamW(model.parameters(), lr=LR)
+learner = Learner(model, "minite", seed=11)
+learner.set_step(0)
+prompts, responses, adv = _batch(L=32)
+out = D.pg_step(learner, opt, prompts, responses, adv, dp=dp)
+snap = _snapshot(model, opt)
+torch.save({"loss": out.loss, "logp": out.logp, "mask": out.mask, **(snap if dp.rank == 0 else {})},
+           f"{sys.argv[1]}.{dp.rank}")
+"""
+
+
+def test_torchrun_four_ranks_equal_one_process(tmp_path, one_thread):
+    """Launched as users launch it, `torchrun --nproc-per-node 4` (init_from_env), one row a rank: the same
+    equality as the spawned 2-rank runs."""
+    script = tmp_path / "step.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(ROOT)]),
+               OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(script), str(tmp_path / "rank")], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    ranks = [torch.load(tmp_path / f"rank.{r}") for r in range(4)]
+    _check_equal(ranks, *_reference("minite", L=32), "minite", "tiny-dense")
+
+
+def test_init_from_env_outside_torchrun(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="not launched by torchrun"):
+        D.init_from_env()
 
 
 def test_sharded_resume_is_exact(tmp_path, one_thread):

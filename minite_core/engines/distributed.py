@@ -71,7 +71,7 @@ def init(rank: int, world: int, *, backend: str = "gloo", init_method: str | Non
     sets it)."""
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, init_method=init_method)
-    return DataParallel(rank=dist.get_rank(), world=dist.get_world_size(), amax_group=dist.new_group(backend="gloo"))
+    return DataParallel(rank=dist.get_rank(), world=dist.get_world_size(), amax_group=dist.new_group())
 
 
 def init_from_env() -> DataParallel:

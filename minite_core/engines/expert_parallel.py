@@ -74,7 +74,7 @@ def install(model: torch.nn.Module, rank: int, world: int) -> ExpertParallel | N
     if E % world:
         raise ValueError(f"{E} experts do not split over {world} ranks; use a world size that divides them")
     El = E // world
-    ep = ExpertParallel(rank, world, dist.new_group(backend="gloo" if not torch.cuda.is_available() else None))
+    ep = ExpertParallel(rank, world, dist.new_group())
     for moe in layers:
         for gl in (m for m in moe.experts.modules() if isinstance(m, GroupedLinear)):
             gl.weight = torch.nn.Parameter(gl.weight.detach()[rank * El:(rank + 1) * El].clone())
