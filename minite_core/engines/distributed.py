@@ -8,7 +8,9 @@ it first), then the root (embeddings, final norm, LM head; tied embeddings stay 
 DTensors sharded on dim 0, so an optimizer built after `shard_model` keeps its AdamW moments sharded too (AdamW is
 elementwise: each rank updates its own shard with the single-process arithmetic). No MixedPrecisionPolicy:
 the fp32 master is what every profile casts or quantizes from (nn.linear caches those operands per weight
-version), so FSDP gathers fp32 and the profile decides the rest.
+version), so FSDP gathers fp32 and the profile decides the rest. FSDP2 runs on CPU/gloo in torch 2.13 as is;
+the one gloo limit met: a gradient divide factor of 1.0 makes FSDP reduce with ReduceOp.PREMUL_SUM, which gloo
+refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"), so `shard_model` also forces plain SUM reductions.
 
 Equality with one process (`pg_step` with dp=None vs. on each rank), on the same global batch of N rows:
 - each rank takes rows [r·N/R, (r+1)·N/R), padded to the GLOBAL padded length L (pads are real embeddings and
@@ -21,7 +23,9 @@ Equality with one process (`pg_step` with dp=None vs. on each rank), on the same
   (needs each rank's token count N/R·L to be a multiple of 16: the wgrad's 16-token blocks stay on one rank);
 - what is NOT bitwise: a weight gradient is the sum of R partial wgrad GEMMs (fp32 accumulation in another
   order, and under bf16 each partial is rounded to bf16 before the sum, as the bf16 profile's dW is emitted in
-  bf16), so gradients and the updated weights agree within the dW dtype's rounding (tests name the tolerance).
+  bf16), so gradients agree within the dW dtype's rounding (tests name the tolerance); the updated weights are
+  exactly one-process AdamW applied to those gradients (Adam's g/(|g| + eps) can magnify a rounding-level
+  gradient difference up to lr where |g| ~ eps, so weights are not compared to the reference's by tolerance).
   Per-token log-probs are bitwise wherever the CPU GEMM's result for a row does not depend on how many rows
   it multiplies (tested).
 MoE layers: call `engines.expert_parallel.install` before `shard_model` — experts split over the ranks, tokens
