@@ -23,14 +23,20 @@ def _check_prompts(prompt_ids) -> None:
         raise ValueError("every prompt needs at least one token (the first response token is predicted from it)")
 
 
-def pack_right(prompt_ids: list[list[int]], response_ids: list[list[int]], *, pad_id: int = PAD_ID, device=None):
+def pack_right(prompt_ids: list[list[int]], response_ids: list[list[int]], *, pad_id: int = PAD_ID, device=None,
+               length: int | None = None):
     """Right-padded prompt + response batch -> (input_ids (N, L), attention_mask (N, L), pos (N, T), mask (N, T)):
-    logits[i, pos[i, k]] predicts response token k of row i (valid where mask[i, k])."""
+    logits[i, pos[i, k]] predicts response token k of row i (valid where mask[i, k]). length: L (default the
+    longest row; a data-parallel rank pads its rows to the global batch's L, so pads enter amaxes as there)."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
     _check_prompts(prompt_ids)
     N = len(prompt_ids)
     L = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
+    if length is not None:
+        if length < L:
+            raise ValueError(f"pack_right length={length} is shorter than the longest prompt + response ({L})")
+        L = length
     T = max(map(len, response_ids))
     ids = torch.full((N, L), pad_id, dtype=torch.long)
     attn = torch.zeros(N, L, dtype=torch.long)

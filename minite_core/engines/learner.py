@@ -48,6 +48,7 @@ class Learner:
         self.batch_size = batch_size  # rows per forward (None = all); per-tensor scales see one micro-batch
         self.device = model.lm_head.weight.device
         self.step = None
+        self.pad_length = None  # padded length L (None = the batch's longest); engines.distributed sets the global L
 
     def set_step(self, step: int) -> None:
         """Per-step SR seeds: module j gets derive_seed(run seed, step, j)."""
@@ -57,7 +58,7 @@ class Learner:
     def response_logits(self, prompt_ids, response_ids, *, grad: bool = False):
         """Raw logits (N, T, V) fp32 at the positions that predict each response token, and mask (N, T) bool."""
         set_profile(self.model, self.profile)
-        ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device)
+        ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device, length=self.pad_length)
         N, T = mask.shape
         step = self.batch_size or max(N, 1)
         chunks = []
@@ -92,7 +93,7 @@ class Learner:
         profile replays routing on an MoE model, else unused. record_routes: return this forward's routing.
         sampler_rows: per row (R_i, V) the sampler's processed log-probs -> Scores.kl_full_vocab."""
         set_profile(self.model, self.profile)
-        ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device)
+        ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device, length=self.pad_length)
         N, T = mask.shape
         layers = moe_layers(self.model)
         replay = self.profile.routing_replay and bool(layers)

@@ -182,12 +182,14 @@ def quantize(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     check: bool = True,
+    sr_origin: tuple[int, int] = (0, 0),
 ) -> NVFP4Tensor:
     """Quantize x [M, K] (fp32, bf16, fp16, or fp64 inside fp32's range) to NVFP4 with DESIGN.md's arithmetic;
     see the module docstring. Inputs outside that contract raise ValueError with the reason.
     rounding="sr" draws one uniform per element from `generator`, or — with `seed` — from the counter-based
     Philox stream `philox.uniform_grid(seed, r, c)` that the Triton kernels draw (bit-identical; the counter is
-    built from (row, column), so a draw does not depend on the row length)."""
+    built from (row, column), so a draw does not depend on the row length). `sr_origin` = (row, column) of x[0, 0]
+    in a larger tensor that x is a shard of (a data-parallel rank's tokens): the draws are the larger tensor's."""
     block = _validate_block(block)
     _validate(x, block, check)
     _validate_options(scale_mode, math, rounding, generator, seed)
@@ -211,8 +213,8 @@ def quantize(
     elif seed is not None:
         if generator is not None:
             raise ValueError("rounding='sr' takes a generator or a seed, not both")
-        rows = torch.arange(m, dtype=torch.int64, device=x.device)[:, None]
-        cols = torch.arange(k, dtype=torch.int64, device=x.device)[None, :]
+        rows = torch.arange(m, dtype=torch.int64, device=x.device)[:, None] + int(sr_origin[0])
+        cols = torch.arange(k, dtype=torch.int64, device=x.device)[None, :] + int(sr_origin[1])
         codes = e2m1_encode_sr(scaled, uniforms=philox.uniform_grid(seed, rows, cols))
     else:
         codes = e2m1_encode_sr(scaled, generator)

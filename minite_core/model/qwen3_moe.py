@@ -161,6 +161,8 @@ class SparseMoE(nn.Module):
         self.gate = QuantLinear(cfg.hidden_size, cfg.num_experts, role="router")
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.routing = None  # per-call hook (N, K) ids -> ids to execute | None; set only by model.routing
+        # (moe, x (N, D), top_w, top_idx) -> (N, D) fp32 combined: experts on other ranks (engines.expert_parallel)
+        self.expert_parallel = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (N, D) -> weights (N, K) in the router dtype, expert ids (N, K)
@@ -180,6 +182,8 @@ class SparseMoE(nn.Module):
         B, T, D = x.shape
         x_flat = x.reshape(-1, D)  # (N, D)
         top_w, top_idx = self.route(x_flat)
+        if self.expert_parallel is not None:
+            return self.expert_parallel(self, x_flat, top_w, top_idx).to(x.dtype).view(B, T, D)
         layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
         y_pad = self.experts(permute(x_flat, layout), layout)  # (Tp, D)
         # weight in the router dtype, the k rows of a token summed in fp32 in rank order

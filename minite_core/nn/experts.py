@@ -31,14 +31,24 @@ from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand
 from minite_core.nn.linear import cache_context, linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
+from minite_core.nn.shard import current as current_shard
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
-                   input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None) -> torch.Tensor:
-    """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype."""
+                   input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None,
+                   expert_offset: int = 0) -> torch.Tensor:
+    """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype.
+    expert_offset: global index of weight[0] (an expert-parallel rank's slice of the experts): SR seeds and cache
+    keys are the global expert's."""
+    if profile.weight is not None and current_shard() is not None:
+        raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
+                                  "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
+                                  "profile or one process for an MoE model")
     if dispatch.fast_path(x):
+        if expert_offset:
+            raise NotImplementedError("expert parallelism runs the reference expert GEMMs so far (kernels: reference)")
         if profile.weight is None:
             return _grouped_bf16(x, weight, layout, profile, cache)
         if profile.activation is not None and profile.activation.static and input_amax is None:
@@ -47,8 +57,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
         dtype = torch_dtype(profile.dtype)
         return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache)
     bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
-    outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e), cache=cache,
-                   key=e) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
+    outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
+                   cache=cache, key=e + expert_offset) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
     return torch.cat(outs)
 
 
@@ -212,12 +222,13 @@ class GroupedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
         self.profile: Profile = PROFILES["bf16"]
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
+        self.expert_offset = 0  # global index of weight[0]: nonzero on an expert-parallel rank (engines.expert_parallel)
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
         self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.linear._weight_operand
 
     def forward(self, x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         return grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,
-                              cache=self.weight_cache)
+                              cache=self.weight_cache, expert_offset=self.expert_offset)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, profile={self.profile.name}"

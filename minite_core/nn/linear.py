@@ -32,6 +32,7 @@ from torch import nn
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch, vllm_cpu
 from minite_core.nn.fp32_split import fp32_split_linear
+from minite_core.nn.shard import TokenShard, current as current_shard, global_amax
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import dgrad_seed, wgrad_seed
 
@@ -43,10 +44,11 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=None, seed=None, rht=False,
-       dq: bool = False):
+       dq: bool = False, sr_origin=None):
     """Quantize through the kernel dispatch (reference on CPU, Triton on Hopper), the DESIGN.md numerics.
     dq=True returns the GEMM operand (bf16 e2m1(q)·sf + S_dec, emitted by the same kernel pass)."""
-    overrides = {k: v for k, v in (("rounding", rounding), ("scale_mode", scale_mode)) if v is not None}
+    overrides = {k: v for k, v in (("rounding", rounding), ("scale_mode", scale_mode), ("sr_origin", sr_origin))
+                 if v is not None}
     if dq:
         return dispatch.quantize_dq(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)[1]
     return dispatch.quantize(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)
@@ -164,26 +166,42 @@ def _plain_linear(x, weight, dtype, cache):
     return _CastLinear.apply(x, weight, _cast_weight(weight, dtype, cache))
 
 
+def _shard_amax(x: torch.Tensor, shard: TokenShard | None, spec: Quant | None = None, *, rht: bool = False):
+    """The global amax of a token-sharded operand (nn.shard) under a dynamic per-tensor spec (spec=None: an
+    along-token wgrad operand, always dynamic per tensor), else None (this tensor's own amax, computed by the
+    quantizer: the single-process path)."""
+    if shard is None or (spec is not None and (spec.scale_mode != "tensor" or spec.static)):
+        return None
+    return global_amax(x, shard, rht=rht)
+
+
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused):
         # x: (M, K) compute dtype; weight: (N, K) master dtype
+        shard = current_shard()  # a data-parallel rank's token slice (nn.shard), or None
+        if shard is not None and profile.grad is not None and x.shape[0] % 16:
+            raise ValueError(f"a token shard of {x.shape[0]} tokens: the wgrad's 16-token blocks would straddle "
+                             "ranks; give each rank a multiple of 16 tokens (rows x padded length)")
         w_q = _weight_operand(weight, profile.weight, cache, (key, "n"), fused)
         if profile.activation is None:  # W4A16 (Marlin): activations stay in the compute dtype
             y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
-            amax = input_amax if profile.activation.static else None
+            amax = input_amax if profile.activation.static else _shard_amax(x, shard, profile.activation)
             if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
                 y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
                                   x.dtype)
             else:
                 y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
+        ctx.shard = shard
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
             spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
-            x_t_q, _ = dispatch.quantize_cols(_pad_tokens(x.detach()), spec, rht=profile.wgrad_rht)  # xᵀ (K, M')
+            x_p = _pad_tokens(x.detach())
+            x_t_q, _ = dispatch.quantize_cols(x_p, spec, rht=profile.wgrad_rht,
+                                              amax=_shard_amax(x_p.t(), shard, rht=profile.wgrad_rht))  # xᵀ (K, M')
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
@@ -191,18 +209,22 @@ class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         weight, *x_t_parts = ctx.saved_tensors
-        profile, seed = ctx.profile, ctx.seed
+        profile, seed, shard = ctx.profile, ctx.seed, ctx.shard
         if profile.grad is None:
             raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
         dy = dy.float()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=True)  # (M, N) along N
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=True, amax=_shard_amax(dy, shard, profile.grad),
+                      sr_origin=None if shard is None else (shard.offset, 0))  # (M, N) along N
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
             dx = gemm_nt(dy_q, w_t_q, ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            dy_t, dy_t_bf16 = dispatch.quantize_cols(_pad_tokens(dy), profile.grad, seed=wgrad_seed(seed),
-                                                     rht=profile.wgrad_rht, emit_dq=True)  # dyᵀ (N, M')
+            dy_p = _pad_tokens(dy)
+            origin = {} if shard is None else {"sr_origin": (0, shard.offset)}
+            dy_t, dy_t_bf16 = dispatch.quantize_cols(
+                dy_p, profile.grad, seed=wgrad_seed(seed), rht=profile.wgrad_rht, emit_dq=True,
+                amax=_shard_amax(dy_p.t(), shard, rht=profile.wgrad_rht), **origin)  # dyᵀ (N, M')
             dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts)
             x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
