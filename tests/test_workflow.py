@@ -136,3 +136,10 @@ def test_h200_experiment_is_what_issue_20_asks():
     n = cfg["rl"]["eval_n"]
     assert n >= 512 and cfg["data"]["n_heldout_per_level"] * len(cfg["data"]["levels"]) >= n
     assert cfg["eval"]["limit"] == n
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "workflow" / "scripts").glob("*.sh")), ids=lambda p: p.name)
+def test_shell_scripts_parse(script):
+    """`bash -n` on every script the H200 calls run (an apostrophe in a `${VAR:?message}` once broke three)."""
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -6,9 +6,8 @@
 # extra.tgz (logs, CSVs, nvidia-smi). Stage time limits (seconds): TEST_S, LEARNER_S, SAMPLER_S, KERNELS_S;
 # TESTS, LEARNER_ARGS, SAMPLER_ARGS add arguments; NCU=1 profiles one quantizer launch.
 set -uo pipefail
-OUT=${OUT:?set OUT to a folder for the outputs}
-export MINITE_COMMIT=${MINITE_COMMIT:?pass MINITE_COMMIT=$(git rev-parse --short HEAD) from the checkout: the device copy's git metadata is not the commit that runs}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+. "$(dirname "$0")/h200_common.sh"
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/env.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 echo "== gpu tests"

@@ -4,12 +4,7 @@
 # per-step sampling / learner times and the first reward and held-out numbers with the fast engines. Writes
 # $OUT/rl.tgz (results/h200/{pretrain,rl} without checkpoints and state) and the logs.
 set -uo pipefail
-OUT=${OUT:?set OUT to a folder for the outputs}
-export MINITE_COMMIT=${MINITE_COMMIT:?pass MINITE_COMMIT=$(git rev-parse --short HEAD) from the checkout: the device copy's git metadata is not the commit that runs}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-R=results/h200
-sec() { python3 -c "import json, sys, yaml; c = yaml.safe_load(open('experiments/h200.yaml')); s = c.get('$1', {}); s.pop('runs', None); s.update(json.loads(sys.argv[1])); print(json.dumps(s))" "${2:-{\}}"; }
-RUN="--experiment h200 --seed 0 --device cuda --kernels auto --sampler-engine auto"
+. "$(dirname "$0")/h200_common.sh"
 python3 -m minite_core.cli data --out $R/data --experiment h200 --seed 0 --config-json "$(sec data)" > "$OUT/data.log" 2>&1
 timeout "${PRETRAIN_S:-150}" python3 -m minite_core.cli pretrain --data $R/data --out $R/pretrain --state $R/pretrain/state \
     --no-progress $RUN --config-json "$(sec pretrain)" > "$OUT/pretrain.log" 2>&1
