@@ -311,7 +311,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"schema": "bench-kernels/v1", "env": env, "rows": rec.rows}, f, indent=1)
-    keys = ["op", "shape", "metric", "value", "gpu", "torch", "triton", "commit"]
+    keys = ["op", "shape", "metric", "value", *env]  # env: every field results.env_info records
     with open(args.csv, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys)
         wr.writeheader()
