@@ -140,8 +140,12 @@ if [ -z "$built" ]; then
         cp "$built" "$OUT/" && echo "te_install: copied to \$OUT — put it in .te/built/ here and carry .te/built next time (no rebuild)"
     fi
 fi
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$built" \
-    || die "pip install of $built into $SITE failed"
+# unzipped into $SITE, not `pip install --target --upgrade`: that replaces the whole top-level transformer_engine/
+# of the core wheel with this wheel's (which holds only transformer_engine/wheel_lib/<extension>.so)
+"$PY" - "$built" "$SITE" <<'PY' || die "cannot unpack $built into $SITE"
+import sys, zipfile
+zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
+PY
 
 verify_import
 write_env
