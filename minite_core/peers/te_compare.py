@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +46,7 @@ from minite_core.formats.e2m1 import unpack_fp4
 from minite_core.formats.four_over_six import quantize_4over6
 from minite_core.formats.nvfp4 import dequantize, quantize
 from minite_core.formats.rht import rht
-from minite_core.kernels.dispatch import ENV_VAR as KERNELS_ENV
+from minite_core.kernels.dispatch import using_backend
 from minite_core.model import CausalLM, ModelConfig, load_pretrained
 from minite_core.nn import QuantLinear
 from minite_core.peers import te_learner
@@ -71,15 +70,13 @@ H200_RL_MODEL = ModelConfig(vocab_size=-(-len(build_tokenizer()) // 16) * 16, hi
 
 @contextlib.contextmanager
 def kernels(backend: str | None):
-    """Run our side under MINITE_KERNELS=backend (None: leave the environment as it is)."""
-    old = os.environ.get(KERNELS_ENV)
-    if backend is not None:
-        os.environ[KERNELS_ENV] = backend
-    try:
+    """Run our side on kernel backend `backend` (None: the run's backend). Through dispatch.using_backend: the
+    dispatcher reads MINITE_KERNELS once, at import, so setting the variable here would change nothing."""
+    if backend is None:
         yield
-    finally:
-        if backend is not None:
-            os.environ.pop(KERNELS_ENV, None) if old is None else os.environ.__setitem__(KERNELS_ENV, old)
+        return
+    with using_backend(backend):
+        yield
 
 
 def agreement(sut: torch.Tensor, te: torch.Tensor) -> dict:
