@@ -21,7 +21,8 @@
 # tests/test_h200_rl.py stops and restarts this script's job). If the machine itself is lost, /tmp goes with it:
 # the state (fp32 model + AdamW, ~160 MB a run) cannot travel under the 64 MiB carry limit, so a new machine
 # starts the experiment over; what `collect` brought back of finished runs is the record.
-# Env: WORK (/tmp/minite-rl), CONFIG (experiments/h200.yaml), CORES (16), GPU_SLOTS (4), PYTHON (python3),
+# Env: WORK (/tmp/minite-rl), CONFIG (experiments/h200.yaml), CORES (16), GPU_SLOTS (the config's
+#      gpu_slots: jobs that claim them all, the benchmarks, run alone), PYTHON (python3),
 #      FRESH=1 (start over: drop $WORK/repo/results/<exp>), OUT (collect), MINITE_COMMIT (default: git of $PWD).
 set -uo pipefail
 MODE=${1:?usage: h200_rl.sh start|sweep|wait|status|collect|stop [args]}
@@ -36,7 +37,8 @@ MINITE_COMMIT=${MINITE_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/nul
 export MINITE_COMMIT PYTHONPATH=$WORK/site:$REPO PATH=$WORK/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 mkdir -p "$WORK/bin"
 
-exp_name() { (cd "$SRC" && "$PYTHON" -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['experiment'])" "$CONFIG"); }
+exp_name() { cfg_key experiment; }
+cfg_key() { (cd "$SRC" && "$PYTHON" -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[sys.argv[2]])" "$CONFIG" "$1"); }
 alive() { [ -f "$WORK/job.pid" ] && kill -0 "$(cat "$WORK/job.pid")" 2>/dev/null; }
 
 prepare() {  # the working tree -> $WORK/repo (code replaced, results kept), wheels, the `minite` / `python` shims
@@ -70,7 +72,8 @@ launch() {  # $1: the job's shell command, run in $REPO under setsid; its pid (=
     echo "started job $(cat "$WORK/job.pid") in $REPO (log $WORK/snakemake.log)"
 }
 
-SNAKE="$PYTHON -m snakemake --cores ${CORES:-16} --resources gpu=${GPU_SLOTS:-4} --configfile $CONFIG --keep-going --rerun-incomplete"
+GPU_SLOTS=${GPU_SLOTS:-$(cfg_key gpu_slots 2>/dev/null || echo 4)}
+SNAKE="$PYTHON -m snakemake --cores ${CORES:-16} --resources gpu=$GPU_SLOTS --configfile $CONFIG --keep-going --rerun-incomplete"
 
 status() {
     if alive; then echo "job $(cat "$WORK/job.pid"): running for $(( $(date +%s) - $(cat "$WORK/job.start") )) s"
@@ -92,7 +95,7 @@ case "$MODE" in
         launch "$SNAKE ${*:-all}"
     else
         SWEEP=${1:?usage: h200_rl.sh sweep experiments/sweeps/<name>.yaml}
-        launch "$SNAKE results/$EXP/pretrain/pretrain.json && minite sweep $SWEEP --jobs ${GPU_SLOTS:-4}"
+        launch "$SNAKE results/$EXP/pretrain/pretrain.json && minite sweep $SWEEP --jobs $GPU_SLOTS"
     fi ;;
   wait)
     EXP=$(exp_name) || exit 1
