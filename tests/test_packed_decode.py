@@ -59,7 +59,9 @@ def _amax(act, device=DEV):
     return torch.tensor(2.5, device=device) if act is not None and act.static else None
 
 
-def _check_dense(m, n, k, device):
+def _check_dense(m, n, k, device, exact: bool = True):
+    """exact: K small enough that every chunk sum is exact (bitwise); else (K = 4096 on the GPU: a chunk of 512
+    products spans more than fp32's 24 bits) within fp32 accumulation order."""
     from minite_core.kernels.decode import packed_gemm_triton
 
     for scale_mode in ("tensor", "row"):
@@ -69,14 +71,17 @@ def _check_dense(m, n, k, device):
             x = _few_bits(x) if act is None else x
             y = packed_gemm_triton(x, w, act=act, amax=_amax(act, device), out_dtype=torch.float32)
             y_ref = packed_gemm_reference(x, w, act=act, amax=_amax(act, device), block_k=_block_k(m, k, device))
-            assert torch.equal(y, y_ref), (m, scale_mode, name, (y - y_ref).abs().max().item())
+            if exact:
+                assert torch.equal(y, y_ref), (m, scale_mode, name, (y - y_ref).abs().max().item())
+            else:
+                assert ((y - y_ref).norm() / y_ref.norm()).item() < REL_TOL, (m, scale_mode, name)
         x = _x(m, k, 3, device)  # random bf16 W4A16: inexact sums
         y = packed_gemm_triton(x, w, out_dtype=torch.float32)
         y_ref = packed_gemm_reference(x, w, block_k=_block_k(m, k, device))
         assert ((y - y_ref).norm() / y_ref.norm()).item() < REL_TOL
 
 
-def _check_grouped(k, device):
+def _check_grouped(k, device, exact: bool = True):
     from minite_core.kernels.decode import grouped_packed_gemm_triton
 
     E, N = 3, 24
@@ -95,7 +100,10 @@ def _check_grouped(k, device):
         bk = _block_k(48, k, device, grouped_experts=E)
         y_ref = torch.cat([packed_gemm_reference(x[s:t], ws[e], act=act, amax=_amax(act, device), block_k=bk)
                            for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s])
-        assert torch.equal(y, y_ref), (name, (y - y_ref).abs().max().item())
+        if exact:
+            assert torch.equal(y, y_ref), (name, (y - y_ref).abs().max().item())
+        else:
+            assert ((y - y_ref).norm() / y_ref.norm()).item() < REL_TOL, name
 
 
 @cpu_kernels
@@ -154,14 +162,20 @@ def _max_delta(a, b) -> float:
 
 
 def _check_model(model, profile, graph, new_tokens):
-    """Packed fast sampler == packed reference sampler (tokens, log-probs bitwise); vs cached-bf16: the first
-    divergence is measured, and the log-probs before it agree to fp32-order size."""
+    """Packed fast sampler == packed reference sampler: tokens and log-probs bitwise on CPU; on the GPU the graph
+    == the eager fast path bitwise (same kernels) and the reference's tokens, as tests/test_fast_sampler.py's
+    GPU test. vs the cached-bf16 fast sampler: rows with equal tokens counted, max |Δ log-prob| printed."""
     base = profile.removesuffix("-packed")
     kw = dict(max_new_tokens=new_tokens, temperature=1.0, seed=7)
     r_fast = FastSampler(model, profile, graph=graph).generate(PROMPTS, **kw)
     r_ref = Sampler(model, profile).generate(PROMPTS, **kw)
-    assert r_fast.response_ids == r_ref.response_ids and r_fast.logprobs == r_ref.logprobs
-    r_cached = Sampler(model, base).generate(PROMPTS, **kw)
+    assert r_fast.response_ids == r_ref.response_ids
+    if graph:
+        r_eager = FastSampler(model, profile, graph=False).generate(PROMPTS, **kw)
+        assert r_eager.response_ids == r_fast.response_ids and r_eager.logprobs == r_fast.logprobs
+    else:
+        assert r_fast.logprobs == r_ref.logprobs
+    r_cached = FastSampler(model, base, graph=graph).generate(PROMPTS, **kw)
     same = [a == b for a, b in zip(r_fast.response_ids, r_cached.response_ids)]
     delta = _max_delta(r_fast, r_cached) if all(same) else None
     print(f"{profile} vs {base}: same tokens {sum(same)}/{len(same)} rows, max |Δ logprob| {delta}")
@@ -188,9 +202,10 @@ def _spy(monkeypatch) -> dict:
                                                 ("tiny-moe", "vllm-marlin-w4a16-packed")])
 def test_packed_sampler_equals_reference_sampler(model_name, profile, one_thread, monkeypatch):
     dispatch.set_backend("triton")  # the interpreter (conftest restores the backend); tiny: it is slow
-    calls = _spy(monkeypatch)
-    _check_model(_model(model_name, DEV), profile, False, 2)
+    calls, model = _spy(monkeypatch), _model(model_name, DEV)
+    _check_model(model, profile, False, 2)
     assert calls["dense"] > 0 and (calls["grouped"] > 0) == (model_name == "tiny-moe"), calls
+    assert not FastSampler(model, profile, graph=False).step_host_syncs(PROMPTS)  # capturable: no host sync
 
 
 # ---- GPU (the H200) --------------------------------------------------------------------------------------------
@@ -198,13 +213,15 @@ def test_packed_sampler_equals_reference_sampler(model_name, profile, one_thread
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
 def test_gpu_packed_gemm_equals_block_order_reference(m):
-    _check_dense(m, 4096, 4096, "cuda")
+    _check_dense(m, 40, 96, "cuda")  # bitwise (exact sums)
+    _check_dense(m, 4096, 4096, "cuda", exact=False)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 def test_gpu_grouped_packed_gemm():
-    _check_grouped(512, "cuda")
+    _check_grouped(96, "cuda")
+    _check_grouped(2048, "cuda", exact=False)
 
 
 @pytest.mark.gpu

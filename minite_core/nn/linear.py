@@ -62,7 +62,7 @@ def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, 
     `fused` = (amax, versions) of a fused group (q/k/v, gate/up) sharing one global scale, or None.
     packed: the NVFP4Tensor itself (codes + scales, for the packed-weight GEMM), not the backend's GEMM form."""
     amax, version = fused if fused is not None else (None, (weight._version, weight.data_ptr()))
-    key = (*key, fused is not None, packed)  # fused and per-matrix scales, packed and GEMM form: different operands
+    key = (*key, fused is not None) + (("packed",) if packed else ())  # fused / per-matrix, packed: other operands
     if cache is not None:
         hit = cache.get((key, spec))
         if hit is not None and hit[0] == version:
