@@ -101,7 +101,8 @@ class Profile:
     # with the activation quantizer fused; experts in one grouped launch). Same values, another fp32
     # accumulation order (fixed K chunks; not cuBLAS's), so it is a knob of its own whose effect on k3 the
     # diagnostics measure (pair a profile with its "-packed" variant). On the CPU reference path both read the
-    # packed weight and are one computation. Default "cached-bf16": every registered profile keeps its numerics.
+    # packed weight and are one computation; without NVFP4 weights (bf16, boundary layers) the knob has no effect.
+    # Default "cached-bf16": every registered profile keeps its numerics.
     decode_gemm: str = "cached-bf16"
 
     def __post_init__(self):
@@ -120,9 +121,9 @@ class Profile:
         _check("decode_gemm", self.decode_gemm, DECODE_GEMMS)
         if self.decode_gemm == "packed":
             act = self.activation
-            if self.weight is None or self.w4a4_gemm != "reference":
-                raise ValueError(f"profile {self.name!r}: decode_gemm='packed' needs NVFP4 weights and "
-                                 "w4a4_gemm='reference' (the packed kernel computes the reference arithmetic)")
+            if self.weight is not None and self.w4a4_gemm != "reference":
+                raise ValueError(f"profile {self.name!r}: decode_gemm='packed' needs w4a4_gemm='reference' (the "
+                                 "packed kernel computes the reference arithmetic)")
             if act is not None and (act.rounding != "rne" or act.four_over_six != "off" or tuple(act.block) != (1, 16)):
                 raise ValueError(f"profile {self.name!r}: decode_gemm='packed' fuses a 1x16 RNE activation "
                                  f"quantizer without 4over6, got activation={act}")

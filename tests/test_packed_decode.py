@@ -137,8 +137,8 @@ def test_decode_gemm_knob_validation():
         assert p.decode_gemm == "packed" and p.replace(name=base, decode_gemm="cached-bf16") == PROFILES[base]
     with pytest.raises(ValueError, match="decode_gemm"):
         get_profile("minite").replace(decode_gemm="marlin")
-    with pytest.raises(ValueError, match="NVFP4 weights"):
-        get_profile("bf16").replace(decode_gemm="packed")
+    bounded = PROFILES["minite-packed"].replace(boundary_layers=(1, 0))  # a bf16 boundary layer: no effect there
+    assert bounded.for_layer(0, 2).weight is None and bounded.for_layer(1, 2).decode_gemm == "packed"
     with pytest.raises(ValueError, match="w4a4_gemm"):
         get_profile("vllm-nvfp4-cpu").replace(decode_gemm="packed")
     with pytest.raises(ValueError, match="4over6"):
