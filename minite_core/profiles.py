@@ -21,6 +21,7 @@ FOUR_OVER_SIX = ("off", "mae", "mse")
 DTYPES = ("float32", "bfloat16")
 W4A4_GEMMS = ("reference", "vllm-cpu")
 KERNEL_ROUNDINGS = ("rne", "rtz")
+DECODE_GEMMS = ("cached-bf16", "packed")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,16 @@ class Profile:
     # gate weights still come from this router's softmax over those experts, so the router keeps its gradient.
     # Off by default: engines route independently, and the routing diagnostics measure how often they disagree.
     routing_replay: bool = False
+    # Forward NVFP4 GEMMs on the fast (Triton) path — a sampler's prefill and decode steps. "cached-bf16": the
+    # weight's exact bf16 copy e2m1(q)·sf is cached once per optimizer step and read by the bf16 tensor-core GEMM
+    # (cuBLAS dense, kernels.grouped for experts): the learner's GEMMs. "packed": the GEMM reads the packed codes +
+    # E4M3 scales and dequantizes in its main loop (kernels/decode.py: 0.5625 B per weight instead of 2; W4A4
+    # with the activation quantizer fused; experts in one grouped launch). Same values, another fp32
+    # accumulation order (fixed K chunks; not cuBLAS's), so it is a knob of its own whose effect on k3 the
+    # diagnostics measure (pair a profile with its "-packed" variant). On the CPU reference path both read the
+    # packed weight and are one computation; without NVFP4 weights (bf16, boundary layers) the knob has no effect.
+    # Default "cached-bf16": every registered profile keeps its numerics.
+    decode_gemm: str = "cached-bf16"
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
@@ -107,6 +118,15 @@ class Profile:
                 self.activation is not None and self.activation.static and self.weight.scale_mode == "tensor"):
             raise ValueError(f"profile {self.name!r}: w4a4_gemm='vllm-cpu' needs static per-tensor activation "
                              "scales and per-tensor weight scales (vLLM's W4A4 checkpoint layout)")
+        _check("decode_gemm", self.decode_gemm, DECODE_GEMMS)
+        if self.decode_gemm == "packed":
+            act = self.activation
+            if self.weight is not None and self.w4a4_gemm != "reference":
+                raise ValueError(f"profile {self.name!r}: decode_gemm='packed' needs w4a4_gemm='reference' (the "
+                                 "packed kernel computes the reference arithmetic)")
+            if act is not None and (act.rounding != "rne" or act.four_over_six != "off" or tuple(act.block) != (1, 16)):
+                raise ValueError(f"profile {self.name!r}: decode_gemm='packed' fuses a 1x16 RNE activation "
+                                 f"quantizer without 4over6, got activation={act}")
         first, last = self.boundary_layers
         if first < 0 or last < 0:
             raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")
@@ -219,6 +239,12 @@ PROFILES["vllm-bf16-cpu"] = PROFILES["bf16"].replace(name="vllm-bf16-cpu", **_VL
 # run it (this project's sampler can; vLLM cannot). Gradients keep plain NVFP4 + SR, as TE keeps its grad slots.
 PROFILES["minite-4over6"] = PROFILES["minite"].replace(
     name="minite-4over6", **{"weight.four_over_six": "mae", "activation.four_over_six": "mae"})
+
+
+# The sampler profiles with packed-weight GEMMs (`decode_gemm`): each differs from its base in accumulation order
+# only, so `diagnostics` pairs (base:base-packed, learner:base-packed) measure what the knob costs in k3.
+for _base in ("vllm-nvfp4", "vllm-marlin-w4a16", "minite"):
+    PROFILES[f"{_base}-packed"] = PROFILES[_base].replace(name=f"{_base}-packed", decode_gemm="packed")
 
 
 def get_profile(name: str | Profile) -> Profile:

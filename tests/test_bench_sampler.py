@@ -76,3 +76,16 @@ def test_bad_arguments_name_the_input(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--out", "x.json", "--device", "cpu", "--config-json", '{"warmup": 3}'])
     assert "unknown key 'warmup'" in capsys.readouterr().err
+
+
+def test_packed_rows_against_cached_in_the_same_run(one_thread):
+    """A `-packed` profile's rows carry decode_gemm and tokens/s over its cached-bf16 row (same shape, batch)."""
+    cfg = dataclasses.replace(bench.CONFIGS["tiny"], profiles=("bf16", "minite", "minite-packed"),
+                              shapes=("weight-bound",), weight_bound_batches=(2,), new_tokens=2, reps=1)
+    res = bench.run(cfg, torch.device("cpu"), log=lambda s: None)
+    rows = {r["profile"]: r for r in res["rows"]}
+    assert rows["minite"]["decode_gemm"] == "cached-bf16" and rows["minite-packed"]["decode_gemm"] == "packed"
+    assert rows["minite-packed"]["speedup_vs_cached"] == pytest.approx(
+        rows["minite-packed"]["tokens_per_s"] / rows["minite"]["tokens_per_s"])
+    assert "speedup_vs_cached" not in rows["minite"]
+    assert "| minite-packed |" in sampler_table(res)

@@ -15,6 +15,10 @@ Shapes: "rl" = the RL model of experiments/h200.yaml (hidden 256, 4 layers, 8/2 
 (hidden 4096, 8 layers, 32/8 heads × 128, SwiGLU 12288, vocab 32,768) with bf16 weights (what a server holds),
 batch <= 16. CPU ("tiny"): the same code on tiny models. Static-scale profiles are calibrated on random tokens.
 
+Profiles: bf16, the three NVFP4 sampler profiles with cached-bf16 decode GEMMs, and the same three with packed-weight
+decode GEMMs (`<profile>-packed`, profiles.py `decode_gemm`; rows carry `decode_gemm` and, for packed rows,
+`speedup_vs_cached` = tokens/s over the cached-bf16 row of the same profile, shape and batch, same run).
+
 Output: `throughput/v1` JSON, rows {profile, shape, batch, engine, tokens_per_s, speedup_vs_bf16, ...},
 `reference` rows, `targets` (issue 17's, checked on CUDA only); the report's table is report/tables.sampler_table.
 """
@@ -39,6 +43,8 @@ from minite_core.runs.cli import add_common_args, parse_with_config
 
 SCHEMA = "throughput/v1"
 NVFP4 = ("vllm-nvfp4", "vllm-marlin-w4a16", "minite")
+# the same profiles with packed-weight decode GEMMs (profiles.py `decode_gemm`), timed in the same run
+PACKED = tuple(f"{name}-packed" for name in NVFP4)
 # issue 17, H200, one run: RL shape batch 64 >= 100k tokens/s in bf16, NVFP4 >= 0.8x bf16 there; weight-bound
 # shape NVFP4 >= 2x bf16 tokens/s
 TARGETS = {"rl_bf16_tokens_per_s_min": 100_000.0, "rl_nvfp4_vs_bf16_min": 0.8, "weight_bound_nvfp4_vs_bf16_min": 2.0}
@@ -51,12 +57,12 @@ class SamplerBenchConfig:
     shapes: tuple[str, ...] = ("rl", "weight-bound")
     rl_batches: tuple[int, ...] = (1, 16, 64, 256)
     weight_bound_batches: tuple[int, ...] = (1, 16)  # weight-bound: batch <= 16
-    profiles: tuple[str, ...] = ("bf16",) + NVFP4  # bf16 first: the ratio baseline
+    profiles: tuple[str, ...] = ("bf16",) + NVFP4 + PACKED  # bf16 first: the ratio baseline
     prompt_len: int = 32
     new_tokens: int = 128  # issue 17: 64-256
     reps: int = 5  # timed decodes per row (median)
     reference_batch: int = TARGET_BATCH  # the "before" number: reference sampler, RL shape
-    budget_s: float = 150.0  # rows left when it is spent are recorded as skipped
+    budget_s: float = 330.0  # rows left when it is spent are recorded as skipped (7 profiles: ~300 s on the H200)
     tiny: bool = False  # CPU: tiny models, same code
     cpu_threads: int | None = None
     seed: int = 0
@@ -146,7 +152,7 @@ def _rows_for(model, shape, batch, cfg, device, deadline, log) -> list[dict]:
     rows = []
     for name in cfg.profiles:
         base = {"profile": name, "shape": shape, "batch": batch, "new_tokens": cfg.new_tokens,
-                "prompt_len": cfg.prompt_len}
+                "prompt_len": cfg.prompt_len, "decode_gemm": get_profile(name).decode_gemm}
         if time.perf_counter() > deadline:
             rows.append({**base, "engine": None, "tokens_per_s": None, "skipped": "budget"})
             continue
@@ -164,7 +170,7 @@ def _rows_for(model, shape, batch, cfg, device, deadline, log) -> list[dict]:
 def _reference_rows(model, cfg, device, deadline) -> list[dict]:
     prompts = _prompts(cfg.reference_batch, cfg, model.config.vocab_size)
     out = []
-    for name in cfg.profiles:
+    for name in (p for p in cfg.profiles if get_profile(p).decode_gemm == "cached-bf16"):  # "before": as it was
         row = {"profile": name, "shape": "rl", "batch": cfg.reference_batch, "engine": "reference",
                "new_tokens": cfg.new_tokens}
         if time.perf_counter() > deadline:
@@ -209,6 +215,15 @@ def _add_ratios(rows: list[dict], reference: list[dict]) -> None:
     for r in rows:
         base = bf16.get((r["shape"], r["batch"]))
         r["speedup_vs_bf16"] = r["tokens_per_s"] / base if base and r["tokens_per_s"] else None
+    best = {}  # packed vs cached-bf16 decode of the same profile, same shape and batch (best engine each)
+    for r in rows:
+        key = (r["profile"], r["shape"], r["batch"])
+        if r["tokens_per_s"] and r["tokens_per_s"] > best.get(key, 0.0):
+            best[key] = r["tokens_per_s"]
+    for r in rows:
+        cached = best.get((r["profile"].removesuffix("-packed"), r["shape"], r["batch"]))
+        if r["profile"].endswith("-packed"):
+            r["speedup_vs_cached"] = r["tokens_per_s"] / cached if cached and r["tokens_per_s"] else None
     fast = {(r["profile"], r["batch"]): r["generate_tokens_per_s"] for r in rows
             if r["shape"] == "rl" and r["tokens_per_s"] and r["engine"] == "fast"}
     fast_eager = {(r["profile"], r["batch"]): r["generate_tokens_per_s"] for r in rows
@@ -230,7 +245,7 @@ def check_targets(rows: list[dict], cuda: bool) -> dict:
     checks.append({"target": f"rl batch {TARGET_BATCH}: bf16 >= {TARGETS['rl_bf16_tokens_per_s_min']:,.0f} tok/s",
                    "value": bf16["tokens_per_s"] if bf16 else None,
                    "met": None if bf16 is None else bf16["tokens_per_s"] >= TARGETS["rl_bf16_tokens_per_s_min"]})
-    for name in NVFP4:
+    for name in NVFP4 + PACKED:
         for shape, key in (("rl", "rl_nvfp4_vs_bf16_min"), ("weight-bound", "weight_bound_nvfp4_vs_bf16_min")):
             for (p, s, b), r in sorted(best.items()):
                 if p == name and s == shape and (shape == "weight-bound" or b == TARGET_BATCH):

@@ -250,21 +250,40 @@ def grouped_schedule(offs: torch.Tensor, block_m: int | None, total_rows: int):
 
 def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, amax=None,
                 out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch.Tensor:
-    """Decode-time y [M<=16, N] = x @ W_hat^T from packed weights. act=None: W4A16 (x bf16 as is);
-    act=Quant: W4A4 (x quantized first with that quantizer, amax for a static scale)."""
-    name = select_backend(backend)
-    if act is not None:
-        t, dq = quantize_dq(x, act, amax=amax, backend=name if name != "native" else "triton", check=False)
-        x_in, x_scale = dq.values_bf16, dq.global_scale
-    else:
-        x_in, x_scale = x.to(torch.bfloat16), None
+    """y [M, N] = x @ W_hat^T from packed weights (codes + scales, dequantized in the GEMM's main loop; the
+    decode GEMM of profiles' `decode_gemm: "packed"`). act=None: W4A16 (x bf16 as is); act=Quant: W4A4, x
+    quantized with that quantizer (amax for a static scale) — fused into the GEMM on the fast path. Reference
+    path: the quantizer, then fp32 x̂ @ ŵᵀ — exactly what `gemm` / `gemm_w4a16` compute on CPU."""
     if not fast_path(x, backend):
         from minite_core.kernels.reference import decode_gemm_reference
 
-        return decode_gemm_reference(x_in, w, x_scale=x_scale, out_dtype=out_dtype)
-    from minite_core.kernels.decode import decode_gemm_triton
+        if act is None:  # W4A16: x in its own precision, as gemm_w4a16
+            return decode_gemm_reference(x, w, out_dtype=out_dtype)
+        _, dq = quantize_dq(x, act, amax=amax, backend=backend, check=False)
+        return decode_gemm_reference(dq.values_bf16, w, x_scale=dq.global_scale, out_dtype=out_dtype)
+    from minite_core.kernels.decode import packed_gemm_triton
 
-    return decode_gemm_triton(x_in, w, x_scale=x_scale, out_dtype=out_dtype)
+    return packed_gemm_triton(x, w, act=act, amax=amax, out_dtype=out_dtype)
+
+
+def grouped_decode_gemm(x: torch.Tensor, w, offs: torch.Tensor, act: Quant | None = None, amax=None,
+                        out_dtype=torch.bfloat16, *, schedule=None, backend: str | None = None) -> torch.Tensor:
+    """MoE expert GEMM from packed expert weights (`operands.PackedExperts`) on the padded sorted layout, no
+    per-expert loop: rows offs[e]:offs[e+1] of x [Tp, K] times ŵ[e]ᵀ. act=None: W4A16; act=Quant: the fused
+    quantizer with `amax` = one amax per row [Tp] (`nn.experts` gives the layout's per-expert / per-token /
+    static scales). Fast path only (the reference's expert loop is `nn.experts`' per-expert `linear`)."""
+    if not fast_path(x, backend):
+        raise RuntimeError("grouped_decode_gemm is the fast path; the reference runs nn.experts' per-expert loop")
+    from minite_core.kernels.decode import grouped_packed_gemm_triton
+
+    return grouped_packed_gemm_triton(x, w, offs, act=act, amax=amax, out_dtype=out_dtype, schedule=schedule)
+
+
+def grouped_decode_schedule(offs: torch.Tensor, total_rows: int):
+    """Tile schedule of `grouped_decode_gemm` for this layout (device-side, no host sync); once per MoE layer."""
+    from minite_core.kernels.decode import grouped_packed_schedule
+
+    return grouped_packed_schedule(offs, total_rows, offs.numel() - 1)
 
 
 def prepare_weight(t: ref.NVFP4Tensor, *, backend: str | None = None):

@@ -28,3 +28,13 @@ class DqOperand:
 def dq_operand(t: ref.NVFP4Tensor) -> DqOperand:
     """Dequantize once (e.g. weights per optimizer step): exact bf16 e2m1(q)*sf plus S_dec."""
     return DqOperand(ref.dequantize_unscaled(t).to(torch.bfloat16), t.global_scale)
+
+
+@dataclass
+class PackedExperts:
+    """MoE expert weights as NVFP4 codes for the packed-weight grouped GEMM (kernels/decode.py): data uint8
+    [E, N, K/2], scale float8_e4m3fn [E, N, K/16], s_dec fp32 S_dec [E] (one per expert) or [E, N] (per row)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    s_dec: torch.Tensor

@@ -163,6 +163,39 @@ def _sr_magnitude(a, u):
 
 
 @triton.jit
+def block_scales(bamax, se, sd, FAST: tl.constexpr):
+    """Blocks with amax `bamax` under global scales se = S_enc, sd = S_dec (same shapes) -> (sf fp32, its E4M3
+    byte, enc = the block's encode factor): DESIGN.md's `exact` or `fast` (FAST) order of operations."""
+    if FAST:
+        sf_hp = tl.minimum(se * (bamax * ONE_SIXTH_FP32), 448.0)
+    else:
+        sf_hp = tl.minimum(bamax * (se * ONE_SIXTH_FP32), 448.0)
+    sf, sf_byte = _e4m3_rne(sf_hp)
+    denom = sf * sd
+    enc_raw = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
+    if FAST:
+        enc = tl.where(sf == 0.0, 0.0, enc_raw)
+    else:
+        enc = tl.minimum(enc_raw, FLT_MAX)
+    return sf, sf_byte, enc
+
+
+@triton.jit
+def quantize_dq_tile(x, s_enc, s_dec, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x (BM, BK) fp32 with its rows' global scales (BM,) -> e2m1(q)·sf as bf16 (1x16 blocks, RNE): the values
+    `_quantize_kernel` emits with EMIT_DQ, computed in registers (the decode GEMM's fused activation quantizer)."""
+    NB: tl.constexpr = BLOCK_K // 16
+    bamax = tl.max(tl.reshape(tl.abs(x), [BLOCK_M, NB, 16]), axis=2)  # (BM, NB)
+    se = tl.broadcast_to(s_enc[:, None], [BLOCK_M, NB])
+    sd = tl.broadcast_to(s_dec[:, None], [BLOCK_M, NB])
+    sf, _, enc = block_scales(bamax, se, sd, FAST)
+    v = tl.reshape(tl.reshape(x, [BLOCK_M, NB, 16]) * enc[:, :, None], [BLOCK_M, BLOCK_K])
+    _, val = _e2m1_rne(tl.abs(v))
+    val = tl.where(v < 0.0, -val, val)
+    return tl.reshape(tl.reshape(val, [BLOCK_M, NB, 16]) * sf[:, :, None], [BLOCK_M, BLOCK_K]).to(tl.bfloat16)
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, data_ptr, scale_ptr, sdec_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
     M, K, stride_xm, stride_xk, seed,
@@ -214,17 +247,7 @@ def _quantize_kernel(
         else:
             se = tl.broadcast_to(s_enc_row[:, None], [BLOCK_M, NB])
             sd = tl.broadcast_to(s_dec_row[:, None], [BLOCK_M, NB])
-        if FAST:
-            sf_hp = tl.minimum(se * (bamax * ONE_SIXTH_FP32), 448.0)
-        else:
-            sf_hp = tl.minimum(bamax * (se * ONE_SIXTH_FP32), 448.0)
-        sf, sf_byte = _e4m3_rne(sf_hp)  # (BM, NB)
-        denom = sf * sd
-        enc_raw = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
-        if FAST:
-            enc = tl.where(sf == 0.0, 0.0, enc_raw)
-        else:
-            enc = tl.minimum(enc_raw, FLT_MAX)
+        sf, sf_byte, enc = block_scales(bamax, se, sd, FAST)  # (BM, NB)
         v = tl.reshape(tl.reshape(x, [BLOCK_M, NB, 16]) * enc[:, :, None], [BLOCK_M, BLOCK_K])
         a = tl.abs(v)
         if SR:

@@ -52,3 +52,32 @@ def decode_gemm_reference(x: torch.Tensor, w: ref.NVFP4Tensor, *, x_scale=None, 
     """Plain torch: fp32 x (times its S_dec when given) @ fully dequantized W^T."""
     xf = x.float() if x_scale is None else x.float() * x_scale.float()
     return (xf @ ref.dequantize(w).t()).to(out_dtype)
+
+
+def packed_gemm_reference(x: torch.Tensor, w: ref.NVFP4Tensor, *, act=None, amax=None, x_scale=None,
+                          block_k: int, out_dtype=torch.float32) -> torch.Tensor:
+    """Plain torch in the packed-weight kernel's order (kernels/decode.py): bf16 x̂ = e2m1(q_x)·sf_x (act: the
+    quantizer, per-row amaxes as `decode.act_amax` gives them) or x as given, exact bf16 ŵ = e2m1(q_w)·sf_w,
+    fp32 partial products per `block_k` chunk of K added in ascending order, then acc * (S_x * S_w)."""
+    if act is not None:
+        rows = act_amax_reference(x, act, amax)
+        t, xq = quantize_reference(x, scale_mode="row", amax=rows, math=act.math, emit_dq=True, check=False)
+        x_scale = t.global_scale  # (M, 1)
+    else:
+        xq = x.to(torch.bfloat16)
+    wq = ref.dequantize_unscaled(w).to(torch.bfloat16)
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    for k0 in range(0, x.shape[1], block_k):
+        acc = acc + xq[:, k0:k0 + block_k].float() @ wq[:, k0:k0 + block_k].float().t()
+    sw = w.global_scale.float()
+    sw = sw.reshape(1, -1) if sw.ndim else sw
+    sx = torch.ones((), device=x.device) if x_scale is None else x_scale.float()
+    return (acc * (sx * sw)).to(out_dtype)
+
+
+def act_amax_reference(x: torch.Tensor, act, amax=None) -> torch.Tensor:
+    """`decode.act_amax` in plain torch: one amax per row (static, per-token, or per-tensor dynamic), fp32 [M]."""
+    if amax is not None:
+        return amax.float().reshape(-1).expand(x.shape[0])
+    rows = x.float().abs().amax(dim=1)
+    return rows if act.scale_mode == "row" else rows.amax().expand(x.shape[0])

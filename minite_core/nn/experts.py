@@ -28,7 +28,7 @@ from torch import nn
 
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.kernels import dispatch
-from minite_core.kernels.operands import DqOperand
+from minite_core.kernels.operands import DqOperand, PackedExperts
 from minite_core.nn.linear import cache_context, linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
 from minite_core.nn.shard import current as current_shard
@@ -107,11 +107,13 @@ def _grouped_bf16(x, weight, layout, profile, cache):
 
 
 # ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------
-def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient: str) -> DqOperand:
+def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient: str,
+                   packed: bool = False) -> DqOperand | PackedExperts:
     """Per-expert NVFP4 weight operand, (E, N, K) along K ("n") or (E, K, N) along N ("t"), each expert with
-    its own per-tensor scale (as the reference's per-expert `linear` quantizes it); cached per weight version."""
+    its own per-tensor scale (as the reference's per-expert `linear` quantizes it); cached per weight version.
+    packed: the codes + scales (PackedExperts, for the packed-weight grouped GEMM) instead of the bf16 copy."""
     version = (weight._version, weight.data_ptr())
-    key = ("experts", orient, spec)
+    key = ("experts", orient, spec, packed)
     hit = cache.get(key) if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
@@ -123,8 +125,12 @@ def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient
         w = weight.detach().float()
         w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
         amax_rows = w.abs().amax(dim=(1, 2)).repeat_interleave(R)  # (E*R,): each expert's amax on its rows
-        t, dq = dispatch.quantize_dq(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
-        op = DqOperand(dq.values_bf16.view(E, R, C), t.global_scale.view(E, R)[:, 0].contiguous())
+        quantize = dispatch.quantize if packed else dispatch.quantize_dq
+        out = quantize(w.view(E * R, C), spec, scale_mode="row", amax=amax_rows, check=False)
+        t = out if packed else out[0]
+        s_dec = t.global_scale.view(E, R)[:, 0].contiguous()
+        op = (PackedExperts(t.data.view(E, R, C // 2), t.scale.view(E, R, C // 16), s_dec) if packed
+              else DqOperand(out[1].values_bf16.view(E, R, C), s_dec))
     if cache is not None:
         cache[key] = (version, op)
     return op
@@ -151,6 +157,24 @@ def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=
                                 seg_seed=seg_seed)
 
 
+def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, cache) -> torch.Tensor:
+    """decode_gemm="packed" (profiles.py): one grouped launch on the packed expert weights, the activation
+    quantizer fused, with the amax per row `_quantize_rows` would use (per-token: computed in the kernel's launcher;
+    static: the calibrated amax; per-tensor dynamic: each expert's amax on its rows)."""
+    w_p = _expert_weight(weight, profile.weight, cache, "n", packed=True)
+    schedule = layout.cache.get("packed_schedule")
+    if schedule is None:
+        schedule = layout.cache["packed_schedule"] = dispatch.grouped_decode_schedule(layout.offs, layout.num_rows)
+    spec, amax = profile.activation, None
+    if spec is not None and spec.static:
+        amax = input_amax
+    elif spec is not None and spec.scale_mode == "tensor":
+        from minite_core.kernels.quantize import row_amax
+
+        amax = _segment_amax(row_amax(x), layout.row_expert, layout.num_experts)[layout.row_expert]
+    return dispatch.grouped_decode_gemm(x, w_p, layout.offs, spec, amax, x.dtype, schedule=schedule)
+
+
 def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, emit_dq: bool = False):
     """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
     from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
@@ -171,15 +195,18 @@ class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache):
         # x (Tp, K) compute dtype; weight (E, N, K) master dtype
-        w_op = _expert_weight(weight, profile.weight, cache, "n")
-        schedule = layout.cache.get("schedule")
-        if schedule is None:
-            schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
-        if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
-            x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
+        if profile.decode_gemm == "packed":
+            y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
-            _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
-        y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule)
+            w_op = _expert_weight(weight, profile.weight, cache, "n")
+            schedule = layout.cache.get("schedule")
+            if schedule is None:
+                schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
+            if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
+                x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
+            else:
+                _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
+            y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule)
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
         saved = ()
         if profile.grad is not None and weight.requires_grad:

@@ -54,14 +54,15 @@ def _q(x: torch.Tensor, spec: Quant, *, amax=None, rounding=None, scale_mode=Non
     return dispatch.quantize(x, spec, amax=amax, seed=seed, rht=rht, check=False, **overrides)
 
 
-def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, fused) -> object:
+def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, fused, packed: bool = False) -> object:
     """Quantized weight (GEMM-ready operand), cached per module until the weight changes, so each weight is
     quantized once per optimizer step, not per call. A change is seen through `weight._version` (in-place ops)
     and `data_ptr()` (`.data =`, `.to()`); fused optimizers update without bumping the version, so learners
     `track_optimizer` (clears the caches after every step). Edits through `.data` must `clear_weight_caches`.
-    `fused` = (amax, versions) of a fused group (q/k/v, gate/up) sharing one global scale, or None."""
+    `fused` = (amax, versions) of a fused group (q/k/v, gate/up) sharing one global scale, or None.
+    packed: the NVFP4Tensor itself (codes + scales, for the packed-weight GEMM), not the backend's GEMM form."""
     amax, version = fused if fused is not None else (None, (weight._version, weight.data_ptr()))
-    key = (*key, fused is not None)  # fused and per-matrix scales are different operands
+    key = (*key, fused is not None) + (("packed",) if packed else ())  # fused / per-matrix, packed: other operands
     if cache is not None:
         hit = cache.get((key, spec))
         if hit is not None and hit[0] == version:
@@ -69,7 +70,8 @@ def _weight_operand(weight: torch.Tensor, spec: Quant, cache: dict | None, key, 
     with cache_context():
         w = weight.detach().float()
         w = w.t().contiguous() if key[1] == "t" else w
-        op = dispatch.prepare_weight(_q(w, spec, amax=amax))
+        op = _q(w, spec, amax=amax)
+        op = op if packed else dispatch.prepare_weight(op)
     if cache is not None:
         cache[(key, spec)] = (version, op)
     return op
@@ -183,10 +185,18 @@ class _NVFP4Linear(torch.autograd.Function):
         if shard is not None and profile.grad is not None and x.shape[0] % 16:
             raise ValueError(f"a token shard of {x.shape[0]} tokens: the wgrad's 16-token blocks would straddle "
                              "ranks; give each rank a multiple of 16 tokens (rows x padded length)")
-        w_q = _weight_operand(weight, profile.weight, cache, (key, "n"), fused)
-        if profile.activation is None:  # W4A16 (Marlin): activations stay in the compute dtype
+        if profile.decode_gemm == "packed" and dispatch.fast_path(x):  # packed-weight GEMM (profiles.py)
+            if shard is not None:
+                raise NotImplementedError("decode_gemm='packed' on a data-parallel token shard; it is a sampler knob")
+            amax = input_amax if profile.activation is not None and profile.activation.static else None
+            y = dispatch.decode_gemm(x.detach(), _weight_operand(weight, profile.weight, cache, (key, "n"), fused,
+                                                                 packed=True),
+                                     act=profile.activation, amax=amax, out_dtype=x.dtype)
+        elif profile.activation is None:  # W4A16 (Marlin): activations stay in the compute dtype
+            w_q = _weight_operand(weight, profile.weight, cache, (key, "n"), fused)
             y = dispatch.gemm_w4a16(x.detach(), w_q)
         else:
+            w_q = _weight_operand(weight, profile.weight, cache, (key, "n"), fused)
             amax = input_amax if profile.activation.static else _shard_amax(x, shard, profile.activation)
             if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
                 y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,

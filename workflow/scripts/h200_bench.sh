@@ -19,8 +19,8 @@ timeout "${LEARNER_S:-240}" python3 -m minite_core.cli bench learner --config h2
     > "$OUT/learner.log" 2>&1
 echo "learner exit $?"; tail -12 "$OUT/learner.log"
 echo "== sampler bench"
-timeout "${SAMPLER_S:-200}" python3 -m minite_core.cli bench sampler --config h200 --device cuda --experiment h200 \
-    --budget-s "${SAMPLER_BUDGET_S:-150}" --out "$OUT/sampler.json" ${SAMPLER_ARGS:-} > "$OUT/sampler.log" 2>&1
+timeout "${SAMPLER_S:-420}" python3 -m minite_core.cli bench sampler --config h200 --device cuda --experiment h200 \
+    --budget-s "${SAMPLER_BUDGET_S:-330}" --out "$OUT/sampler.json" ${SAMPLER_ARGS:-} > "$OUT/sampler.log" 2>&1
 echo "sampler exit $?"; tail -20 "$OUT/sampler.log"
 echo "== kernels stage (checks + micro-benchmarks)"
 CFG=$(python3 -c "import json, yaml; print(json.dumps(yaml.safe_load(open('experiments/h200.yaml'))))")
