@@ -52,3 +52,16 @@ def decode_gemm_reference(x: torch.Tensor, w: ref.NVFP4Tensor, *, x_scale=None, 
     """Plain torch: fp32 x (times its S_dec when given) @ fully dequantized W^T."""
     xf = x.float() if x_scale is None else x.float() * x_scale.float()
     return (xf @ ref.dequantize(w).t()).to(out_dtype)
+
+
+def attention_reference(q, k, v, mask=None):
+    """Plain fp32 attention (SDPA's math) of `kernels.attention.attention_triton`: q (B, H, T, Dh), k/v
+    (B, Hkv, S, Dh), mask (B, 1, T, S) / (B, T, S) bool or None (causal, T == S) -> (B, H, T, Dh) fp32."""
+    B, H, T, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    allowed = (torch.ones(T, S, dtype=torch.bool, device=q.device).tril()[None, None] if mask is None
+               else mask.reshape(B, 1, T, S))
+    k, v = (t.float().repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    s = (q.float() @ k.transpose(-1, -2)) / Dh ** 0.5  # (B, H, T, S)
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+    return p @ v
