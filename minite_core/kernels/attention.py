@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minite_core.kernels import interpret  # noqa: F401  (its interpreter fixes: bf16 RNE casts, scalar loop bounds)
+
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 
 

@@ -198,6 +198,8 @@ def gemm(a, b, out_dtype=torch.bfloat16, *, invariant: bool = False, backend: st
     name = select_backend(backend)
     x = a.values_bf16 if isinstance(a, DqOperand) else a.data
     if not fast_path(x, backend):
+        if invariant:  # CPU BLAS picks its blocking by M: fp64 sums, so only a rounding tie could show the order
+            return (_dequant_fp32(a).double() @ _dequant_fp32(b).double().t()).to(out_dtype)
         return (_dequant_fp32(a) @ _dequant_fp32(b).t()).to(out_dtype)
     if invariant:
         from minite_core.kernels import gemm as _gemm
@@ -225,6 +227,8 @@ def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch
     row-local (gemm._dot_rows)."""
     if not fast_path(a.values_bf16, backend):
         x, w = _dequant_fp32(a), _dequant_fp32(b)
+        if invariant:  # fp64 sums, as `gemm`'s reference path
+            x, w = x.double(), w.double()
         bounds = offs.tolist()  # reference path: host loop over experts
         outs = [x[s:t] @ w[e].t() for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))]
         return torch.cat(outs, 0).to(out_dtype)
@@ -296,12 +300,12 @@ def gemm_w4a16(x: torch.Tensor, w, *, backend: str | None = None) -> torch.Tenso
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
               backend: str | None = None) -> torch.Tensor:
     """Batch-invariant attention (kernels/attention.py) -> (B, H, T, Dh) in q's dtype: the Triton kernel on the
-    fast path (autograd: recomputed fp32 reference), else the plain fp32 reference (SDPA's math) rounded to q's
-    dtype. q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B, 1, T, S) bool or None (causal, T == S)."""
-    if not fast_path(q, backend):
+    fast path (autograd: recomputed fp32 reference), else the plain reference (SDPA's math) in fp64 rounded to
+    q's dtype (CPU SDPA and BLAS block by shape; fp64 leaves the order visible only at a rounding tie). q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B, 1, T, S) bool or None (causal, T == S)."""
+    if not fast_path(q, backend):  # in fp64 (exact products; sums whose order only a rounding tie could show)
         from minite_core.kernels.reference import attention_reference
 
-        return attention_reference(q, k, v, mask).to(q.dtype)
+        return attention_reference(q.double(), k.double(), v.double(), mask).to(q.dtype)
     from minite_core.kernels.attention import InvariantAttention
 
     return InvariantAttention.apply(q, k, v, mask)

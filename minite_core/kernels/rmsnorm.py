@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minite_core.kernels import interpret  # noqa: F401  (its interpreter fixes: bf16 RNE casts, scalar loop bounds)
+
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, D, eps, HAS_RES: tl.constexpr, BLOCK_D: tl.constexpr):

@@ -124,7 +124,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
-        if p.batch_invariant and dispatch.fast_path(q):  # profile knob: one kernel for learner, prefill, decode
+        if p.batch_invariant:  # profile knob: one kernel for learner, prefill, decode (kernels/attention.py)
             o = dispatch.attention(q, k, v, mask)  # fp32 inside, q's dtype out (RNE)
             return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,

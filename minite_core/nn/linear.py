@@ -161,6 +161,8 @@ def _plain_linear(x, weight, dtype, cache, invariant: bool = False):
     if dtype == torch.float32 and weight.dtype == torch.float32 and dispatch.fast_path(x):
         # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py); invariant: profile knob batch_invariant
         return fp32_split_linear(x, weight, cache, invariant)
+    if invariant and dtype == torch.float32:  # reference path: fp64 sums (CPU BLAS blocks by M), rounded once
+        return (x.double() @ weight.double().t()).float()
     x = x.to(dtype)
     if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
         return F.linear(x, _cast_weight(weight, dtype, cache))
