@@ -99,8 +99,9 @@ class Profile:
     # one fixed-tile Triton GEMM (kernels.gemm.INVARIANT_CONFIG, no cuBLAS), attention through
     # kernels/attention.py (fixed key blocks aligned to each query's first key, fp32 online softmax). Needs W4A4
     # with per-token activation scales (a per-tensor amax would couple a row to its batch-mates), fp32 attention
-    # and router / LM head, no bf16 boundary layers (their bf16 F.linear is cuBLAS). The reference backend runs
-    # its plain ops (bitwise on CPU, as minite-fp32attn). The backward is not batch-invariant (not needed).
+    # and router / LM head, no bf16 boundary layers (their bf16 F.linear is cuBLAS). On the reference backend
+    # (plain torch, CPU) those GEMMs and attention sum in fp64 and round once (CPU BLAS / SDPA block by shape; in
+    # fp64 the order could only show at a rounding tie). The backward is not batch-invariant (not needed).
     batch_invariant: bool = False
 
     def __post_init__(self):
