@@ -104,6 +104,16 @@ class Profile:
     # packed weight and are one computation; without NVFP4 weights (bf16, boundary layers) the knob has no effect.
     # Default "cached-bf16": every registered profile keeps its numerics.
     decode_gemm: str = "cached-bf16"
+    # Batch-invariant forward kernels (minite-onpolicy): a row's bits do not depend on the other rows of the call
+    # nor on the cache length, so the learner's full-sequence forward, the sampler's prefill and its cached decode
+    # agree bitwise. On the fast path (Triton): every W4A4 GEMM and the fp32-split router / LM-head GEMMs through
+    # one fixed-tile Triton GEMM (kernels.gemm.INVARIANT_CONFIG, no cuBLAS), attention through
+    # kernels/attention.py (fixed key blocks aligned to each query's first key, fp32 online softmax). Needs W4A4
+    # with per-token activation scales (a per-tensor amax would couple a row to its batch-mates), fp32 attention
+    # and router / LM head, no bf16 boundary layers (their bf16 F.linear is cuBLAS). On the reference backend
+    # (plain torch, CPU) those GEMMs and attention sum in fp64 and round once (CPU BLAS / SDPA block by shape; in
+    # fp64 the order could only show at a rounding tie). The backward is not batch-invariant (not needed).
+    batch_invariant: bool = False
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
@@ -127,6 +137,8 @@ class Profile:
             if act is not None and (act.rounding != "rne" or act.four_over_six != "off" or tuple(act.block) != (1, 16)):
                 raise ValueError(f"profile {self.name!r}: decode_gemm='packed' fuses a 1x16 RNE activation "
                                  f"quantizer without 4over6, got activation={act}")
+        if self.batch_invariant:
+            self._check_batch_invariant()
         first, last = self.boundary_layers
         if first < 0 or last < 0:
             raise ValueError(f"Profile.boundary_layers must be >= 0, got {self.boundary_layers}")
@@ -135,6 +147,22 @@ class Profile:
         if self.wgrad_rht and any(q is not None and q.four_over_six != "off" for q in (self.activation, self.grad)):
             raise ValueError(f"profile {self.name!r}: 4over6 with wgrad_rht=True is not supported (TE 2.20 refuses "
                              "4over6 with RHT: no fused RHT + 4over6 quantizer)")
+
+    def _check_batch_invariant(self) -> None:
+        a = self.activation
+        problems = [why for bad, why in (
+            (self.weight is None or a is None, "W4A4 (weight and activation quantized)"),
+            (a is not None and (a.scale_mode != "row" or a.static), "per-token dynamic activation scales "
+                                                                    "(activation.scale_mode='row', static=False)"),
+            (self.w4a4_gemm != "reference", "w4a4_gemm='reference'"),
+            (self.attention_dtype != "float32", "attention_dtype='float32'"),
+            ((self.router_dtype, self.lm_head_dtype) != ("float32", "float32"), "fp32 router and LM head"),
+            (tuple(self.boundary_layers) != (0, 0), "boundary_layers=(0, 0)"),
+            (self.decode_gemm != "cached-bf16", "decode_gemm='cached-bf16' (the packed decode kernel has its own "
+                                                "K order, not the invariant GEMM's)"),
+        ) if bad]
+        if problems:
+            raise ValueError(f"profile {self.name!r}: batch_invariant=True needs {'; '.join(problems)}")
 
     @property
     def quantized(self) -> bool:
@@ -219,6 +247,12 @@ PROFILES: dict[str, Profile] = {
 # A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
 # decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
+# minite with bitwise learner/sampler log-probs on the GPU too (issue 19): minite-fp32attn plus batch-invariant
+# forward kernels (Profile.batch_invariant). minite's activation scales are already per token (a row's global
+# scale is its own amax / (6 * 448), DESIGN.md), so no batch-mate enters a row's codes; the GEMM's global scales
+# are applied per row in the epilogue. Same weights, codes and arithmetic as minite up to fp32 summation order.
+PROFILES["minite-onpolicy"] = PROFILES["minite"].replace(name="minite-onpolicy", attention_dtype="float32",
+                                                         batch_invariant=True)
 # The naive Blackwell learner with rollout routing replay (R3): how much of the naive pair's gap is routing flips.
 PROFILES["te-nvfp4-r3"] = PROFILES["te-nvfp4"].replace(name="te-nvfp4-r3", routing_replay=True)
 

@@ -99,6 +99,13 @@ def test_rl_pattern_minite_learner_reproduces_the_sampler(one_thread):
         assert delta.abs().max() <= 1e-5, f"max |learner - sampler| = {float(delta.abs().max()):.3e}"
 
 
+def test_rl_pattern_onpolicy_learner_equals_the_sampler_bitwise(one_thread):
+    """minite-onpolicy over the RL pattern (optimizer steps included): the learner's old log-probs ARE the
+    sampler's, bit for bit, at every step (tests/test_batch_invariant.py: the kernels, and the GPU check)."""
+    for roll, logp, mask in _rl_pattern(_tiny("cpu"), "minite-onpolicy", "fast-eager", steps=3):
+        assert torch.equal(logp[mask], roll.padded()["logprobs"][mask])
+
+
 # ---- GPU (the H200) ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("profile", ["bf16", "minite"])
 @pytest.mark.gpu

@@ -191,12 +191,20 @@ def _dequant_fp32(op) -> torch.Tensor:
     return ref.dequantize(op)
 
 
-def gemm(a, b, out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch.Tensor:
-    """y [M, N] = a_hat @ b_hat^T; a, b: NVFP4Tensor or DqOperand ([M, K], [N, K])."""
+def gemm(a, b, out_dtype=torch.bfloat16, *, invariant: bool = False, backend: str | None = None) -> torch.Tensor:
+    """y [M, N] = a_hat @ b_hat^T; a, b: NVFP4Tensor or DqOperand ([M, K], [N, K]). invariant=True (profile knob
+    `batch_invariant`): on the fast path, the Triton GEMM with one fixed tile for every M (gemm.INVARIANT_CONFIG),
+    so a row's bits do not depend on how many rows share the call."""
     name = select_backend(backend)
     x = a.values_bf16 if isinstance(a, DqOperand) else a.data
     if not fast_path(x, backend):
+        if invariant:  # CPU BLAS picks its blocking by M: fp64 sums, so only a rounding tie could show the order
+            return (_dequant_fp32(a).double() @ _dequant_fp32(b).double().t()).to(out_dtype)
         return (_dequant_fp32(a) @ _dequant_fp32(b).t()).to(out_dtype)
+    if invariant:
+        from minite_core.kernels import gemm as _gemm
+
+        return _gemm.gemm_invariant(as_dq(a), as_dq(b), out_dtype)
     if name == "native":
         from minite_core.kernels.native import gemm_native
 
@@ -213,16 +221,20 @@ def gemm(a, b, out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch
 
 
 def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch.bfloat16, *, schedule=None,
-                 backend: str | None = None) -> torch.Tensor:
-    """MoE expert GEMM on the padded sorted layout: rows offs[e]:offs[e+1] of a [Tp, K] times b[e] [N, K]ᵀ."""
+                 invariant: bool = False, backend: str | None = None) -> torch.Tensor:
+    """MoE expert GEMM on the padded sorted layout: rows offs[e]:offs[e+1] of a [Tp, K] times b[e] [N, K]ᵀ.
+    Its config is fixed on a GPU (row-independent already); invariant=True also makes the interpreter's dot
+    row-local (gemm._dot_rows)."""
     if not fast_path(a.values_bf16, backend):
         x, w = _dequant_fp32(a), _dequant_fp32(b)
+        if invariant:  # fp64 sums, as `gemm`'s reference path
+            x, w = x.double(), w.double()
         bounds = offs.tolist()  # reference path: host loop over experts
         outs = [x[s:t] @ w[e].t() for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))]
         return torch.cat(outs, 0).to(out_dtype)
     from minite_core.kernels.grouped import grouped_gemm as _grouped
 
-    return _grouped(a, b, offs, out_dtype, schedule=schedule)
+    return _grouped(a, b, offs, out_dtype, schedule=schedule, config={"ROW_DOT": True} if invariant else None)
 
 
 def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,
@@ -302,3 +314,28 @@ def gemm_w4a16(x: torch.Tensor, w, *, backend: str | None = None) -> torch.Tenso
     gs = w.global_scale.float()
     gs = gs.reshape(1, -1) if gs.ndim else gs  # per-row weight scales [N, 1] -> columns of y
     return torch.mm(x.to(torch.bfloat16), w.values_bf16.t(), out_dtype=torch.float32) * gs
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+              backend: str | None = None) -> torch.Tensor:
+    """Batch-invariant attention (kernels/attention.py) -> (B, H, T, Dh) in q's dtype: the Triton kernel on the
+    fast path (autograd: recomputed fp32 reference), else the plain reference (SDPA's math) in fp64 rounded to
+    q's dtype (CPU SDPA and BLAS block by shape; fp64 leaves the order visible only at a rounding tie). q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B, 1, T, S) bool or None (causal, T == S)."""
+    if not fast_path(q, backend):  # in fp64 (exact products; sums whose order only a rounding tie could show)
+        from minite_core.kernels.reference import attention_reference
+
+        return attention_reference(q.double(), k.double(), v.double(), mask).to(q.dtype)
+    from minite_core.kernels.attention import InvariantAttention
+
+    return InvariantAttention.apply(q, k, v, mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, *, reference,
+             backend: str | None = None) -> torch.Tensor:
+    """Batch-invariant RMSNorm (kernels/rmsnorm.py) of x (..., D) [+ residual]: the one-program-per-row Triton
+    kernel on the fast path (autograd: `reference(x, weight, residual)` recomputed), else `reference` itself."""
+    if not fast_path(x, backend):
+        return reference(x, weight, residual)
+    from minite_core.kernels.rmsnorm import InvariantRMSNorm
+
+    return InvariantRMSNorm.apply(x, weight, residual, eps, reference)

@@ -33,6 +33,13 @@ from minite_core.kernels.operands import DqOperand, dq_operand  # noqa: F401  (r
 # Hopper tile for bf16 wgmma; (128, 256, 64) x 3 stages x 8 warps is the usual best for large squares on
 # H100/H200 (Triton's matmul tutorial configs); re-checked by the bench's config sweep.
 GEMM_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+# Batch-invariant GEMM (`gemm_invariant`, minite-onpolicy): ONE tile for every M — a decode step's 64 rows and
+# a learner forward's 16384 run the same program per output tile, each row's K reduction in BLOCK_K steps in
+# increasing k, no split-K, and no row of a tile reads another row. Not tuned by M on purpose (a small-M tile
+# could change the wgmma shape); the cost at decode M is idle tensor-core rows.
+# Under the interpreter `_dot_rows` materialises a (BLOCK_M, BLOCK_K, BLOCK_N) product, so K steps of 16 there
+# (Triton's 2^20-element block limit); still one config for every M.
+INVARIANT_CONFIG = dict(GEMM_CONFIG, ROW_DOT=True, **({"BLOCK_K": 16} if INTERPRET else {}))
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -42,6 +49,17 @@ def _dot(a, b, acc, INTERPRET: tl.constexpr):
     under TRITON_INTERPRET the (exact) operands are widened to fp32 and multiplied in IEEE fp32 instead."""
     if INTERPRET:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _dot_rows(a, b, acc, INTERPRET: tl.constexpr):
+    """`_dot` whose output row depends only on its own row, under the interpreter too: there tl.dot is numpy's
+    BLAS sgemm, whose result for a row depends on the row's place in the tile (measured: OpenBLAS 0.3.31), so the
+    exact fp32 products are summed with tl.sum along K instead. On a GPU this is tl.dot (a wgmma row's K order
+    does not depend on the other rows; tests/test_batch_invariant.py's gpu tests check it)."""
+    if INTERPRET:
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     return tl.dot(a, b, acc)
 
 
@@ -64,7 +82,7 @@ def _gemm_kernel(
     M, N, K, stride_am, stride_bn, stride_cm,
     SA_ROW: tl.constexpr, SB_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERPRET: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False, ROW_DOT: tl.constexpr = False,
 ):
     # C[M, N] = (A[M, K] @ B[N, K]^T) * S_a * S_b ; grouped launch order for L2 reuse
     pid = tl.program_id(0)
@@ -87,7 +105,7 @@ def _gemm_kernel(
         kmask = (k0 + rk) < K
         a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
-        acc = _dot(a, b, acc, INTERPRET)
+        acc = _dot_rows(a, b, acc, INTERPRET) if ROW_DOT else _dot(a, b, acc, INTERPRET)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     out = _epilogue(acc, sa_ptr, sb_ptr, rm, rn, M, N, SA_ROW, SB_ROW)
@@ -128,6 +146,11 @@ def gemm_triton(a: DqOperand, b: DqOperand, out_dtype=torch.bfloat16, config: di
     _gemm_kernel[grid](x, w, c, sa, sb, m, n, k, x.stride(0), w.stride(0), c.stride(0),
                        SA_ROW=sa_row, SB_ROW=sb_row, INTERPRET=INTERPRET, **cfg)
     return c
+
+
+def gemm_invariant(a: DqOperand, b: DqOperand, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """`gemm_triton` with INVARIANT_CONFIG whatever the shape (profile knob `batch_invariant`)."""
+    return gemm_triton(a, b, out_dtype, config=INVARIANT_CONFIG)
 
 
 def _scale_cast(acc, sa, sb, sa_row, sb_row, out_dtype):

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from minite_core.formats import nvfp4 as ref
-from minite_core.kernels.gemm import INTERPRET, _dot
+from minite_core.kernels.gemm import INTERPRET, _dot, _dot_rows
 from minite_core.kernels.operands import DqOperand
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); the H200 sweep in bench/kernels.py ("grouped-tile") re-measures.
@@ -45,6 +45,7 @@ def _grouped_kernel(
     N, K, stride_am, stride_be, stride_bn, stride_cm, stride_sbe,
     SA_ROW: tl.constexpr, SB_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr = False,
+    ROW_DOT: tl.constexpr = False,
 ):
     # tile t covers rows [tile_row[t], min(+BLOCK_M, offs[e+1])) of expert e = tile_expert[t]
     pid_t = tl.program_id(0)
@@ -66,7 +67,7 @@ def _grouped_kernel(
         kmask = (k0 + rk) < K
         a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
-        acc = _dot(a, b, acc, INTERPRET)
+        acc = _dot_rows(a, b, acc, INTERPRET) if ROW_DOT else _dot(a, b, acc, INTERPRET)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if SA_ROW:

@@ -81,3 +81,17 @@ def act_amax_reference(x: torch.Tensor, act, amax=None) -> torch.Tensor:
         return amax.float().reshape(-1).expand(x.shape[0])
     rows = x.float().abs().amax(dim=1)
     return rows if act.scale_mode == "row" else rows.amax().expand(x.shape[0])
+
+
+def attention_reference(q, k, v, mask=None):
+    """Plain fp32 (or fp64, for fp64 q) attention (SDPA's math) of `kernels.attention.attention_triton`:
+    q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B, 1, T, S) / (B, T, S) bool or None (causal, T == S)."""
+    B, H, T, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    allowed = (torch.ones(T, S, dtype=torch.bool, device=q.device).tril()[None, None] if mask is None
+               else mask.reshape(B, 1, T, S))
+    dt = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 when given fp64
+    k, v = (t.to(dt).repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    s = (q.to(dt) @ k.transpose(-1, -2)) / Dh ** 0.5  # (B, H, T, S)
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+    return p @ v

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minite_core.kernels import dispatch
 from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
@@ -45,12 +46,18 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.batch_invariant = False  # profile knob (set_profile): the one-program-per-row kernel on the fast path
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """residual given: normalise the fp32 sum x + residual before it is rounded (fused add-norm)."""
+        if self.batch_invariant and dispatch.fast_path(x):
+            return dispatch.rms_norm(x, self.weight, self.eps, residual, reference=self.reference)
+        return self.reference(x, self.weight, residual)
+
+    def reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         x_fp32 = x.float() if residual is None else x.float() + residual.float()
         x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight.to(x.dtype) * x_fp32.to(x.dtype)
+        return weight.to(x.dtype) * x_fp32.to(x.dtype)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -117,6 +124,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
+        if p.batch_invariant:  # profile knob: one kernel for learner, prefill, decode (kernels/attention.py)
+            o = dispatch.attention(q, k, v, mask)  # fp32 inside, q's dtype out (RNE)
+            return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
                                            is_causal=mask is None, enable_gqa=self.num_heads != self.num_kv_heads)
         o = cast(o, q.dtype, p.kernel_rounding)  # (B, H, T, Dh)
@@ -327,4 +337,7 @@ def set_profile(model: CausalLM, profile: Profile | str) -> CausalLM:
             if isinstance(module, (QuantLinear, GroupedLinear)):
                 module.profile = layer_profile
     model.lm_head.profile = profile
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.batch_invariant = profile.batch_invariant
     return model

@@ -206,7 +206,8 @@ class _GroupedNVFP4(torch.autograd.Function):
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
             else:
                 _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
-            y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule)
+            y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
+                                      invariant=profile.batch_invariant)
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
         saved = ()
         if profile.grad is not None and weight.requires_grad:

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from minite_core.kernels import dispatch
+from minite_core.kernels.operands import DqOperand
+
 _PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))  # i + j <= 2 (0-based): every term above 2^-24
 
 
@@ -31,14 +34,23 @@ def split3(t: torch.Tensor) -> list[torch.Tensor]:
     return [t1, t2, (r - t2.float()).to(torch.bfloat16)]
 
 
-def mm_split(a_parts: list[torch.Tensor], b_parts: list[torch.Tensor]) -> torch.Tensor:
-    """Σ_{i+j<=2} a_i @ b_jᵀ in fp32 (a_i: (M, K), b_j: (N, K)) -> (M, N) fp32."""
+def mm_split(a_parts: list[torch.Tensor], b_parts: list[torch.Tensor], invariant: bool = False) -> torch.Tensor:
+    """Σ_{i+j<=2} a_i @ b_jᵀ in fp32 (a_i: (M, K), b_j: (N, K)) -> (M, N) fp32. invariant=True (profile knob
+    `batch_invariant`, forward only): each term through the fixed-tile Triton GEMM (kernels.dispatch.gemm with
+    invariant=True, unit global scales), so a row's bits do not depend on M; the terms are summed in fixed order."""
     out = None
     for i, j in _PAIRS:
         if i < len(a_parts) and j < len(b_parts):
             a, b = a_parts[i], b_parts[j].t()
+            if invariant:
+                one = torch.ones((), dtype=torch.float32, device=a.device)
+                term = dispatch.gemm(DqOperand(a.contiguous(), one), DqOperand(b_parts[j].contiguous(), one),
+                                     torch.float32, invariant=True)
             # CUDA: bf16 tensor cores, fp32 out; CPU (tests): the same exact products in an fp32 matmul
-            term = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else a.float() @ b.float()
+            elif a.is_cuda:
+                term = torch.mm(a, b, out_dtype=torch.float32)
+            else:
+                term = a.float() @ b.float()
             out = term if out is None else out + term
     return out
 
@@ -56,10 +68,12 @@ def weight_parts(weight: torch.Tensor, cache: dict | None) -> list[torch.Tensor]
     return parts
 
 
-def fp32_split_linear(x: torch.Tensor, weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
-    """y = x @ Wᵀ in fp32 for x (..., K) bf16 or fp32 and the fp32 master weight (N, K) -> (..., N) fp32."""
+def fp32_split_linear(x: torch.Tensor, weight: torch.Tensor, cache: dict | None,
+                      invariant: bool = False) -> torch.Tensor:
+    """y = x @ Wᵀ in fp32 for x (..., K) bf16 or fp32 and the fp32 master weight (N, K) -> (..., N) fp32.
+    invariant: the forward's GEMMs batch-invariant (`mm_split`); the backward is not."""
     lead = x.shape[:-1]
-    y = Fp32SplitLinear.apply(x.reshape(-1, x.shape[-1]), weight, cache)
+    y = Fp32SplitLinear.apply(x.reshape(-1, x.shape[-1]), weight, cache, invariant)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -67,12 +81,12 @@ class Fp32SplitLinear(torch.autograd.Function):
     """y = x @ Wᵀ in fp32 from bf16 pieces. x: (M, K) bf16 or fp32; weight: (N, K) fp32 master."""
 
     @staticmethod
-    def forward(ctx, x, weight, cache):
+    def forward(ctx, x, weight, cache, invariant=False):
         w_parts = weight_parts(weight, cache)
         x_parts = split3(x)
         ctx.save_for_backward(x, *w_parts)
         ctx.x_dtype, ctx.n_parts = x.dtype, len(x_parts)
-        return mm_split(x_parts, w_parts)
+        return mm_split(x_parts, w_parts, invariant)
 
     @staticmethod
     def backward(ctx, dy):
@@ -83,4 +97,4 @@ class Fp32SplitLinear(torch.autograd.Function):
             dx = mm_split(dy_parts, [w.t() for w in w_parts]).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:  # (N, K) = dyᵀ (N, M) @ x (M, K)
             dw = mm_split([d.t() for d in dy_parts], [p.t() for p in split3(x)])
-        return dx, dw, None
+        return dx, dw, None, None

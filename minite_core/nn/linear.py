@@ -104,10 +104,10 @@ def track_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module):
     return optimizer.register_step_post_hook(lambda opt, args, kwargs: clear_weight_caches(model))
 
 
-def gemm_nt(a, b, out_dtype=torch.float32) -> torch.Tensor:
+def gemm_nt(a, b, out_dtype=torch.float32, invariant: bool = False) -> torch.Tensor:
     """â @ b̂ᵀ [M, N] with fp32 accumulation, rounded once to `out_dtype` (kernels.dispatch: reference on CPU,
-    exact bf16-tensor-core GEMM on Hopper)."""
-    return dispatch.gemm(a, b, out_dtype=out_dtype)
+    exact bf16-tensor-core GEMM on Hopper; invariant: the fixed-tile one, profile knob batch_invariant)."""
+    return dispatch.gemm(a, b, out_dtype=out_dtype, invariant=invariant)
 
 
 def _pad_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -159,9 +159,12 @@ class _CastLinear(torch.autograd.Function):
         return dx, dw, None
 
 
-def _plain_linear(x, weight, dtype, cache):
+def _plain_linear(x, weight, dtype, cache, invariant: bool = False):
     if dtype == torch.float32 and weight.dtype == torch.float32 and dispatch.fast_path(x):
-        return fp32_split_linear(x, weight, cache)  # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py)
+        # fp32 GEMM on bf16 tensor cores (nn/fp32_split.py); invariant: profile knob batch_invariant
+        return fp32_split_linear(x, weight, cache, invariant)
+    if invariant and dtype == torch.float32:  # reference path: fp64 sums (CPU BLAS blocks by M), rounded once
+        return (x.double() @ weight.double().t()).float()
     x = x.to(dtype)
     if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
         return F.linear(x, _cast_weight(weight, dtype, cache))
@@ -202,7 +205,8 @@ class _NVFP4Linear(torch.autograd.Function):
                 y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
                                   x.dtype)
             else:
-                y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype)
+                y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype,
+                            profile.batch_invariant)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         ctx.shard = shard
         saved = ()
@@ -250,7 +254,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
     quantized weight between calls, `key` names the weight in it; `fused` = `fused_weight_amax(group)`."""
     if role in ("router", "lm_head"):
         dtype = torch_dtype(profile.router_dtype if role == "router" else profile.lm_head_dtype)
-        return _plain_linear(x, weight, dtype, cache)
+        return _plain_linear(x, weight, dtype, cache, profile.batch_invariant)
     dtype = torch_dtype(profile.dtype)
     if profile.weight is None:
         return _plain_linear(x, weight, dtype, cache)

@@ -22,6 +22,7 @@ PAIR_LABELS = {
     "te-nvfp4:vllm-marlin-w4a16": "naive Hopper stack (TE-NVFP4 ↔ vLLM Marlin W4A16)",
     "minite:minite": "miniTE ↔ miniTE (aligned)",
     "minite-fp32attn:minite-fp32attn": "miniTE + fp32 attention (aligned)",
+    "minite-onpolicy:minite-onpolicy": "miniTE on-policy: batch-invariant kernels (bitwise)",
     "te-nvfp4-r3:vllm-nvfp4": "naive Blackwell stack + routing replay (R3)",
     "minite-4over6:minite-4over6": "miniTE + TE's 4over6 block scales (aligned)",
 }

@@ -1,0 +1,132 @@
+"""Batch-invariant attention (profile knob `batch_invariant`, `minite-onpolicy`): one kernel for the learner's
+full-sequence forward, the sampler's prefill and its cached decode, so a query row gets the same bits in all three.
+
+Why: torch SDPA picks flash / memory-efficient / math by mask, shape and length, and each reduces over keys in
+its own blocks (flash-decoding also splits KV by length). NVFP4 re-quantization of the next GEMM's input turns
+that ulp noise into whole code steps (results/notes/rl_minite_k3.md). Here the reduction order of a query row
+depends only on that row's keys:
+- one program per (batch row, query head, query): rows never share a reduction (no tl.dot, whose tile would
+  couple queries to a layout); q·k and p·v are fp32 products of bf16 values (exact) summed by tl.sum;
+- the keys a query may see are the slots [start, end) of its mask row (`key_bounds`: first and last allowed
+  slot), walked in blocks of BLOCK_N keys aligned to `start`, in increasing order — so key j of a sequence sits
+  in the same lane of the same block whether the sequence starts at slot 0 (learner, right padding) or at slot
+  `pad` (sampler, left padding), and whatever the cache length S or the number of queries T;
+- online softmax in fp32 (running max m, sum l, accumulator acc); a masked lane has score -inf, so p = 0 and it
+  adds exact zeros; m starts at a finite -1e30, so a block before the first real key cannot make NaN.
+Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
+Softmax scale 1/sqrt(Dh), as SDPA's default.
+
+The plain reference (`kernels.reference.attention_reference`) is fp32 masked softmax attention (SDPA's math): the
+kernel agrees with it to fp32 rounding, not bitwise (its sums are tl.sum trees). Backward: autograd through the
+reference, recomputed (`InvariantAttention`): only the forward must be batch-invariant.
+
+Shape legend: B = batch, H = query heads, Hkv = kv heads, T = queries, S = key slots, Dh = head dim.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minite_core.kernels import interpret  # noqa: F401  (its interpreter fixes: bf16 RNE casts, scalar loop bounds)
+
+BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
+                      H, T, S, GROUP, scale,
+                      HAS_MASK: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # q, o: (B, H, T, Dh); k, v: (B, Hkv, S, Dh) contiguous; mask: (B, T, S) int8; start, end: (B, T) int32
+    pid = tl.program_id(0)
+    t = pid % T
+    h = (pid // T) % H
+    b = pid // (T * H)
+    hkv = h // GROUP
+    Hkv = H // GROUP
+    rd = tl.arange(0, BLOCK_D)
+    dmask = rd < DH
+    row = (b * H + h).to(tl.int64) * T + t
+    q = tl.load(q_ptr + row * DH + rd, mask=dmask, other=0.0).to(tl.float32)
+    kv_base = (b * Hkv + hkv).to(tl.int64) * S * DH
+    bt = b.to(tl.int64) * T + t
+    start = tl.load(start_ptr + bt)
+    end = tl.load(end_ptr + bt)
+    m = tl.full([1], -1.0e30, tl.float32)
+    l_sum = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        ok = rn < end
+        if HAS_MASK:
+            ok = ok & (tl.load(mask_ptr + bt * S + rn, mask=ok, other=0) != 0)
+        rn_safe = tl.where(ok, rn, 0).to(tl.int64)
+        kvm = ok[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + kv_base + rn_safe[:, None] * DH + rd[None, :], mask=kvm, other=0.0).to(tl.float32)
+        s = tl.sum(q[None, :] * k, axis=1) * scale  # (BLOCK_N,)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)  # masked lanes: exp(-inf) = 0
+        v = tl.load(v_ptr + kv_base + rn_safe[:, None] * DH + rd[None, :], mask=kvm, other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_sum = l_sum * alpha + tl.sum(p, axis=0)
+        m = m_new
+    out = acc / l_sum
+    tl.store(o_ptr + row * DH + rd, out.to(o_ptr.dtype.element_ty), mask=dmask)
+
+
+def key_bounds(mask: torch.Tensor | None, B: int, T: int, S: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start, end) (B, T) int32: the first allowed slot and one past the last of each query's mask row
+    (mask (B, T, S) bool); mask None = plain causal over T == S keys (start 0, end t + 1). Device ops only."""
+    if mask is None:
+        end = torch.arange(1, T + 1, device=device, dtype=torch.int32).expand(B, T).contiguous()
+        return torch.zeros(B, T, dtype=torch.int32, device=device), end
+    m = mask.to(torch.int8)
+    start = m.argmax(-1)  # first True (argmax returns the first maximal index)
+    end = S - m.flip(-1).argmax(-1)
+    return start.to(torch.int32).contiguous(), end.to(torch.int32).contiguous()
+
+
+def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(Dh)) v per query row in fixed key blocks. q (B, H, T, Dh), k/v (B, Hkv, S, Dh),
+    mask (B, 1, T, S) or (B, T, S) bool (True = may attend) or None (causal, T == S) -> (B, H, T, Dh) q.dtype."""
+    B, H, T, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if H % Hkv:
+        raise ValueError(f"attention: query heads {H} not a multiple of kv heads {Hkv}")
+    if mask is None and S != T:
+        raise ValueError(f"attention without a mask is causal over T == S keys, got T={T} S={S}")
+    mask3 = None if mask is None else mask.reshape(B, T, S)
+    start, end = key_bounds(mask3, B, T, S, q.device)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    m8 = mask3.to(torch.int8).contiguous() if mask3 is not None else start  # dummy pointer without a mask
+    _attention_kernel[(B * H * T,)](q, k, v, o, m8, start, end, H, T, S, H // Hkv, 1.0 / math.sqrt(Dh),
+                                    HAS_MASK=mask3 is not None, DH=Dh, BLOCK_D=triton.next_power_of_2(Dh),
+                                    BLOCK_N=BLOCK_N, num_warps=4)
+    return o
+
+
+class InvariantAttention(torch.autograd.Function):
+    """Forward: `attention_triton`; backward: autograd through `attention_reference` (fp32), recomputed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask = mask
+        return attention_triton(q, k, v, mask)
+
+    @staticmethod
+    def backward(ctx, do):
+        from minite_core.kernels.reference import attention_reference
+
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            qf, kf, vf = (t.detach().float().requires_grad_(t.requires_grad) for t in (q, k, v))
+            o = attention_reference(qf, kf, vf, ctx.mask)
+            inputs = [t for t in (qf, kf, vf) if t.requires_grad]
+            grads = iter(torch.autograd.grad(o, inputs, do.float()))
+        return tuple(next(grads).to(t.dtype) if t.requires_grad else None for t in (q, k, v)) + (None,)

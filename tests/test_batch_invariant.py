@@ -1,0 +1,252 @@
+"""minite-onpolicy (issue 19 item 1): batch-invariant kernels, and learner log-probs bitwise equal to the sampler's.
+
+CPU: the Triton kernels run in the interpreter (conftest), on tiny shapes. The invariance contract tested here:
+a row's output bits do not depend on the other rows of the call (GEMMs), nor on where its keys sit in the cache,
+how many slots the cache has or how many queries share the call (attention). The kernels agree with their plain
+references to fp32 rounding (the summation orders differ). GPU tests (`-m gpu`, the H200): the same per-op
+checks at learner / decode sizes, and the end-to-end bitwise check on a random model of the RL shape with
+64 prompts x 128 tokens through the CUDA-graph sampler.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minite_core.engines import Learner, make_sampler
+from minite_core.engines.mismatch import mismatch_metrics
+from minite_core.kernels import dispatch
+from minite_core.kernels.reference import attention_reference
+from minite_core.model import PRESETS, CausalLM, ModelConfig, set_profile
+from minite_core.nn import linear
+from minite_core.nn.fp32_split import mm_split, split3
+from minite_core.profiles import get_profile
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+ACT = get_profile("minite-onpolicy").activation
+
+
+def _randn(*shape, seed=0, dtype=torch.float32, device=DEV):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+
+
+# ---- kernels (interpreter on CPU, compiled on the GPU) -------------------------------------------------------
+def _w4a4_rows(x, w, rows):
+    _, wd = dispatch.quantize_dq(w, ACT, backend="triton")
+    _, xd = dispatch.quantize_dq(x[rows], ACT, backend="triton")
+    return dispatch.gemm(xd, wd, torch.bfloat16, invariant=True, backend="triton")
+
+
+def test_invariant_w4a4_gemm_rows_do_not_depend_on_batch_mates():
+    x, w = _randn(40, 64, seed=1), _randn(48, 64, seed=2)
+    full = _w4a4_rows(x, w, slice(None))
+    for rows in (slice(3, 7), slice(5, 6), slice(1, 40)):
+        assert torch.equal(_w4a4_rows(x, w, rows), full[rows]), rows
+    ref = dispatch.gemm(*(dispatch.quantize(t, ACT, backend="reference") for t in (x, w)), torch.float32,
+                        backend="reference")
+    assert torch.allclose(full.float(), ref, rtol=1e-2, atol=1e-2)  # bf16 output vs the fp32 reference
+
+
+def test_invariant_fp32_split_rows_do_not_depend_on_batch_mates():
+    """The fp32 LM head / router pieces through the fixed-tile GEMM: rows bitwise across M, and equal to the fp32
+    GEMM to fp32 rounding (the pieces are exact; only the summation order differs)."""
+    x, w = _randn(40, 48, seed=3), _randn(32, 48, seed=4)
+    wp = split3(w)
+    with dispatch.using_backend("triton"):
+        full = mm_split(split3(x), wp, invariant=True)
+        for rows in (slice(3, 7), slice(5, 6), slice(1, 40)):
+            assert torch.equal(mm_split(split3(x[rows]), wp, invariant=True), full[rows]), rows
+    ref = x.double() @ w.double().t()
+    assert (full.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def _layouts(B=2, H=2, Hkv=1, T=37, Dh=16, pad=5, S=64, seed=5):
+    """The same sequences as the learner sees them (causal, from slot 0) and as the sampler's cache holds them
+    (left pad `pad`, S slots, stale junk in the unused slots)."""
+    q, k, v = (_randn(B, h, T, Dh, seed=seed + i, dtype=torch.bfloat16) for i, h in enumerate((H, Hkv, Hkv)))
+    kc, vc = (_randn(B, Hkv, S, Dh, seed=seed + 9 + i, dtype=torch.bfloat16) for i in range(2))  # junk slots
+    kc[:, :, pad:pad + T], vc[:, :, pad:pad + T] = k, v
+    t_idx, s_idx = torch.arange(T)[:, None], torch.arange(S)[None, :]
+    prefill = ((s_idx >= pad) & (s_idx <= pad + t_idx))[None, None].expand(B, 1, T, S).to(q.device)
+    return q, k, v, kc, vc, prefill
+
+
+def test_attention_same_bits_for_learner_prefill_and_decode():
+    from minite_core.kernels.attention import attention_triton
+
+    q, k, v, kc, vc, prefill = _layouts()
+    learner = attention_triton(q, k, v, None)  # causal, keys from slot 0
+    assert torch.equal(attention_triton(q, kc, vc, prefill), learner)  # left-padded prefill, longer cache
+    for t in (0, 31, 32, 36):  # decode: one query over the cache, block edges included
+        dec = attention_triton(q[:, :, t:t + 1], kc, vc, prefill[:, :, t:t + 1])
+        assert torch.equal(dec[:, :, 0], learner[:, :, t]), t
+    assert torch.equal(attention_triton(q[:1], k[:1], v[:1], None), learner[:1])  # batch-mates
+    ref = attention_reference(q, k, v, None)
+    assert (learner.float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()  # one bf16 rounding of the output
+
+
+def test_attention_backward_is_the_reference_gradient():
+    q, k, v, *_ = _layouts(T=9)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dispatch.attention(*leaves, None, backend="triton").float().pow(2).sum().backward()
+    ref_leaves = [t.float().clone().requires_grad_() for t in (q, k, v)]
+    attention_reference(*ref_leaves, None).pow(2).sum().backward()
+    for a, b in zip(leaves, ref_leaves):
+        assert torch.allclose(a.grad.float(), b.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_profile_checks_what_batch_invariance_needs():
+    base = get_profile("minite-onpolicy")
+    assert base.batch_invariant and base.activation.scale_mode == "row" and base.attention_dtype == "float32"
+    with pytest.raises(ValueError, match="per-token"):
+        base.replace(name="x", **{"activation.scale_mode": "tensor"})
+    with pytest.raises(ValueError, match="boundary_layers"):
+        base.replace(name="x", boundary_layers=(1, 0))
+    with pytest.raises(ValueError, match="attention_dtype"):
+        base.replace(name="x", attention_dtype=None)
+
+
+# ---- end to end: learner == sampler, bitwise -----------------------------------------------------------------
+def _onpolicy_rollout(model, prompts, max_new, engine, profile="minite-onpolicy"):
+    roll = make_sampler(model, profile, engine=engine).generate(prompts, max_new_tokens=max_new, temperature=1.0,
+                                                                stop_ids=(), seed=3)
+    with torch.no_grad():
+        logp, _, mask = Learner(model, profile).logprobs(roll.prompt_ids, roll.response_ids)
+    return logp, roll.padded(device=logp.device)["logprobs"], mask
+
+
+def _assert_bitwise(logp, sampler_logp, mask):
+    m = mismatch_metrics(logp, sampler_logp, mask)
+    assert m["mismatch/k3"] == 0.0 and m["mismatch/max_abs_delta"] == 0.0, m
+    assert torch.equal(logp[mask], sampler_logp[mask])
+
+
+def test_onpolicy_learner_equals_fast_sampler_triton():
+    """Triton kernels (interpreter): fast sampler (left-padded prefill + cached decode) vs the learner's
+    right-padded full-sequence forward, an MoE and a dense layer, prompts of different lengths; then one
+    backward through the same kernels."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      num_experts=4, num_experts_per_tok=2, mlp_only_layers=(1,), rope_theta=10000.0,
+                      max_position_embeddings=64, bos_token_id=None, eos_token_id=None)
+    model = CausalLM(cfg).init_weights(0, std=0.3)
+    with dispatch.using_backend("triton"):
+        logp, sampler_logp, mask = _onpolicy_rollout(model, [[1, 5, 6, 7, 9], [1, 8]], 3, "fast-eager")
+        _assert_bitwise(logp, sampler_logp, mask)
+        # training still works: the backward runs through the recomputed references (attention, RMSNorm)
+        ids = [[1, 5, 6, 7, 9], [1, 8]]
+        logp_new, _, m = Learner(model, "minite-onpolicy").logprobs(ids, [[3, 4], [5]], grad=True)
+        (-(logp_new * m).sum()).backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast-eager"])
+def test_onpolicy_learner_equals_sampler_reference_kernels(one_thread, engine):
+    """Reference backend (plain torch on CPU, the smoke path): its GEMMs and attention sum in fp64 under the
+    profile, because CPU BLAS / SDPA block by shape (minite-fp32attn's fp32 ops differ by ~5e-7 for some padded
+    lengths). Several response lengths, so the learner's padded length L and the cache size vary."""
+    model = CausalLM(PRESETS["tiny-moe"]).init_weights(0, std=0.3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 64, (int(n),), generator=g).tolist() for n in torch.randint(2, 9, (8,), generator=g)]
+    with dispatch.using_backend("reference"):
+        for max_new in (2, 3, 7, 16):
+            _assert_bitwise(*_onpolicy_rollout(model, prompts, max_new, engine))
+
+
+# ---- GPU (the H200) ------------------------------------------------------------------------------------------
+M_DECODE, M_LEARNER = 64, 4096
+# experiments/h200.yaml's RL model (`pretrain:`): 4 layers of 256, 8 heads / 2 kv heads of 32, 32 experts top-4
+RL_SHAPE = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                       num_experts=32, num_experts_per_tok=4, rope_theta=10000.0, max_position_embeddings=512,
+                       bos_token_id=None, eos_token_id=None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("role", ["linear", "lm_head", "router"])
+def test_gpu_onpolicy_dense_gemm_rows_batch_invariant(role):
+    """W4A4 (fixed-tile Triton GEMM, not cuBLAS) and the fp32-split LM head / router: a decode-sized call's rows
+    equal the same rows of a learner-sized call."""
+    w = _randn(512, 256, seed=4)
+    x = _randn(M_LEARNER, 256, seed=3, dtype=torch.float32 if role != "linear" else torch.bfloat16)
+    fn = lambda v: linear(v, w, get_profile("minite-onpolicy"), role=role)  # noqa: E731
+    with torch.no_grad():
+        small, big = fn(x[:M_DECODE]), fn(x)[:M_DECODE]
+    assert torch.equal(small, big), f"max |diff| {float((small.float() - big.float()).abs().max()):.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_onpolicy_attention_learner_prefill_decode():
+    """RL sizes: 64 rows x 8 heads, 160 positions, left pad 23 in a 320-slot cache."""
+    from minite_core.kernels.attention import attention_triton
+
+    q, k, v, kc, vc, prefill = _layouts(B=64, H=8, Hkv=2, T=160, Dh=32, pad=23, S=320)
+    learner = attention_triton(q, k, v, None)
+    assert torch.equal(attention_triton(q, kc, vc, prefill), learner)
+    for t in (0, 31, 32, 100, 159):
+        assert torch.equal(attention_triton(q[:, :, t:t + 1], kc, vc, prefill[:, :, t:t + 1])[:, :, 0],
+                           learner[:, :, t]), t
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_onpolicy_rmsnorm_rows_batch_invariant():
+    from minite_core.model.qwen3_moe import RMSNorm
+
+    norm = RMSNorm(256, 1e-6).cuda()
+    norm.batch_invariant = True
+    x = _randn(M_LEARNER, 256, seed=3, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(norm(x[:M_DECODE]), norm(x)[:M_DECODE])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_onpolicy_moe_layer_rows_batch_invariant():
+    model = CausalLM(RL_SHAPE).init_weights(0, std=0.3).cuda()
+    set_profile(model, "minite-onpolicy")
+    moe = model.model.layers[0].mlp
+    x = _randn(1, M_LEARNER, RL_SHAPE.hidden_size, seed=3, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(moe(x[:, :M_DECODE]), moe(x)[:, :M_DECODE])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys):
+    """The issue's measurement: 64 prompts x 128 sampled tokens (no stop), CUDA-graph sampler vs the learner's
+    full-sequence forward: max |Δ| = 0 and k3 = 0 exactly. minite's numbers printed beside it."""
+    model = CausalLM(RL_SHAPE).init_weights(0, std=0.1).cuda()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 64, (int(n),), generator=g).tolist() for n in torch.randint(8, 40, (64,), generator=g)]
+    for profile in ("minite", "minite-onpolicy"):
+        logp, s, mask = _onpolicy_rollout(model, prompts, 128, "fast", profile)
+        m = mismatch_metrics(logp, s, mask)
+        with capsys.disabled():
+            print(f"\n[onpolicy] {profile}: tokens {int(mask.sum())} k3 {m['mismatch/k3']:.3e} "
+                  f"max|d| {m['mismatch/max_abs_delta']:.3e}")
+    assert int(mask.sum()) >= 64 * 128
+    _assert_bitwise(logp, s, mask)
+
+
+def test_rmsnorm_rows_do_not_depend_on_batch_mates():
+    from minite_core.model.qwen3_moe import RMSNorm
+
+    norm = RMSNorm(48, 1e-6)
+    norm.weight.data = _randn(48, seed=7)
+    norm.batch_invariant = True
+    x, res = _randn(40, 48, seed=8, dtype=torch.bfloat16), _randn(40, 48, seed=9, dtype=torch.bfloat16)
+    with dispatch.using_backend("triton"):
+        for r in (None, res):
+            full = norm(x, r)
+            for rows in (slice(3, 7), slice(5, 6)):
+                assert torch.equal(norm(x[rows], None if r is None else r[rows]), full[rows])
+            ref = norm.reference(x, norm.weight, r)
+            assert (full.float() - ref.float()).abs().max() <= 2 ** -7 * ref.float().abs().max()
+        xg = x.float().requires_grad_()
+        norm(xg.bfloat16(), res).float().sum().backward()
+        assert norm.weight.grad is not None and torch.isfinite(xg.grad).all()
