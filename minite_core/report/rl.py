@@ -104,43 +104,63 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}" if math.isfinite(x) else "–"
 
 
-def claim_c(pairs: list[PairResult]) -> str:
-    """The claim (c) paragraph from the pair results (module docstring)."""
-    by_key = {p.key: p for p in pairs}
-    ref = by_key.get(REFERENCE)
+def _unreadable(ref: PairResult | None) -> str | None:
+    """Why claim (c) cannot be read from these runs (module docstring), None when it can."""
     if ref is None:
         return "Claim (c) cannot be read: no BF16 ↔ BF16 run in this experiment."
+    if not math.isfinite(ref.gain):
+        return ("These runs record no paired held-out gain (they predate `heldout_n`), so claim (c) cannot "
+                "be read from them.")
+    if not ref.gain > 2 * ref.gain_se:
+        return ("BF16 itself did not learn measurably (gain ≤ 2 SE), so claim (c) — aligned NVFP4 tracks "
+                "BF16 while the naive stack falls behind — cannot be read from these runs: tracking a policy "
+                "that does not improve says nothing.")
+    return None
+
+
+def claim_c_verdict(pairs: list[PairResult]) -> tuple[str, str]:
+    """(verdict, reason) of claim (c): verdict "supported", "not supported", "partly" or "cannot be judged"
+    (module docstring for the rule)."""
+    ref = next((p for p in pairs if p.key == REFERENCE), None)
+    why_not = _unreadable(ref)
+    if why_not is not None:
+        return "cannot be judged", why_not
+    verdicts = {p.key: compare(p, ref)[0] for p in pairs if p.key != REFERENCE}
+    aligned = verdicts.get(ALIGNED)
+    naive = [v for k, v in verdicts.items() if k[0] == NAIVE_LEARNER and k[2] == "none"]
+    if aligned is None or not naive:
+        return "cannot be judged", ("it needs both the aligned pair (minite ↔ minite) and a naive pair "
+                                    "(te-nvfp4 ↔ a vLLM profile, no correction)")
+    if aligned in ("tracks BF16", "ends above BF16") and all(v == "falls behind" for v in naive):
+        return "supported", "the aligned pair tracks BF16 and every naive pair falls behind"
+    if aligned == "falls behind":
+        return "not supported", "the aligned pair falls behind BF16"
+    if "tracks BF16" in naive:
+        return "not supported", "a naive pair tracks BF16 as well"
+    return "partly", "the aligned pair tracks BF16, but not every naive pair falls behind"
+
+
+def claim_c(pairs: list[PairResult]) -> str:
+    """The claim (c) paragraph from the pair results (module docstring)."""
+    ref = next((p for p in pairs if p.key == REFERENCE), None)
+    if ref is None:
+        return _unreadable(ref)
     seeds = lambda p: f"{len(p.seeds)} seed{'s' if len(p.seeds) > 1 else ''}"  # noqa: E731
     head = (f"BF16 ↔ BF16 ({seeds(ref)}, {ref.heldout_n} held-out problems) went from {_pct(ref.acc_initial)}% to "
             f"{_pct(ref.acc_final)}% held-out accuracy (paired gain {_pts(ref.gain)} ± {_pct(ref.gain_se)} points). ")
-    if not math.isfinite(ref.gain):
-        return head + ("These runs record no paired held-out gain (they predate `heldout_n`), so claim (c) cannot "
-                       "be read from them.")
-    if not ref.gain > 2 * ref.gain_se:
-        return head + ("BF16 itself did not learn measurably (gain ≤ 2 SE), so claim (c) — aligned NVFP4 tracks "
-                       "BF16 while the naive stack falls behind — cannot be read from these runs: tracking a policy "
-                       "that does not improve says nothing.")
-    lines, verdicts = [], {}
+    if _unreadable(ref) is not None:
+        return head + _unreadable(ref)
+    lines = []
     for p in pairs:
         if p.key == REFERENCE:
             continue
         verdict, d, se_d = compare(p, ref)
-        verdicts[p.key] = verdict
         size = f"{abs(d) / se_d:.1f} SE" if se_d > 0 else "exactly"
         lines.append(f"{p.label} ({seeds(p)}): {_pct(p.acc_final)}% ± {_pct(p.se)}, {_pts(d)} points vs "
                      f"BF16 ({size}) — **{verdict}**")
-    aligned = verdicts.get(ALIGNED)
-    naive = {k: v for k, v in verdicts.items() if k[0] == NAIVE_LEARNER and k[2] == "none"}
-    if aligned is None or not naive:
-        verdict = ("cannot be judged: it needs both the aligned pair (minite ↔ minite) and a naive pair "
-                   "(te-nvfp4 ↔ a vLLM profile, no correction)")
-    elif aligned in ("tracks BF16", "ends above BF16") and all(v == "falls behind" for v in naive.values()):
-        verdict = "**supported**: the aligned pair tracks BF16 and every naive pair falls behind"
-    elif aligned == "falls behind" or any(v == "tracks BF16" for v in naive.values()):
-        verdict = ("**not supported**: " + ("the aligned pair falls behind BF16" if aligned == "falls behind" else
-                   "a naive pair tracks BF16 as well"))
-    else:
-        verdict = "**partly supported**: the aligned pair tracks BF16, but not every naive pair falls behind"
+    word, reason = claim_c_verdict(pairs)
+    verdict = (f"{word}: {reason}" if word == "cannot be judged" else
+               f"**{'partly supported' if word == 'partly' else word}**: {reason}")
     return (head + "Against it (1 SE rule, module `report/rl.py`):\n\n" + "\n".join(f"- {x}" for x in lines)
             + f"\n\nClaim (c) — long-horizon NVFP4 RL with aligned execution tracks BF16 while naive TE-NVFP4 falls "
               f"behind — is {verdict}.")

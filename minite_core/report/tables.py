@@ -86,17 +86,21 @@ def throughput_table(res: dict | str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-REPORT_NOTE = """\
+# Why no H200 result can show the paper's B300 headline (the throughput section and claim (d) both say it).
+WHY_NOT_HOPPER = """\
+the paper's 1.39× over BF16 comes from Blackwell's FP4 tensor
+cores, which run an NVFP4 GEMM at 2–4× the bf16 rate. Hopper (sm_90) has none: `torch._scaled_mm` on
+`float4_e2m1fn_x2` is not supported there, so an *exact* NVFP4 GEMM dequantizes e2m1 × e4m3 to bf16 (exactly
+representable) and runs on the bf16 tensor cores — the same GEMM time as BF16 plus the quantize passes."""
+
+REPORT_NOTE = f"""\
 What this measures: tokens/s of a complete learner update (forward, loss, backward, AdamW step, zero_grad) for
 BF16, TE's NVFP4 recipe (`te-nvfp4`: 2D 16×16 weights, RHT on the wgrad operands, stochastic rounding) and
 miniTE (`minite`: 1×16 weights, per-token activation scales, SR gradients, no RHT, fp32 router / LM head), on one
 model, one batch, in one process, the profiles interleaved round-robin so drift hits them alike. Every ratio
 comes from this one run; the paper's B300 numbers are quoted separately and never mixed with ours.
 
-Why the H200 cannot show the paper's headline: the paper's 1.39× over BF16 comes from Blackwell's FP4 tensor
-cores, which run an NVFP4 GEMM at 2–4× the bf16 rate. Hopper (sm_90) has none: `torch._scaled_mm` on
-`float4_e2m1fn_x2` is not supported there, so an *exact* NVFP4 GEMM dequantizes e2m1 × e4m3 to bf16 (exactly
-representable) and runs on the bf16 tensor cores — the same GEMM time as BF16 plus the quantize passes. Beating
+Why the H200 cannot show the paper's headline: {WHY_NOT_HOPPER} Beating
 BF16 on an H200 is therefore not expected; the H200 target is to lose at most 10% (miniTE ≥ 0.90× BF16).
 
 What the H200 *can* show is the work miniTE's recipe removes relative to TE's, which is overhead on any GPU:
