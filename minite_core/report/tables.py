@@ -60,7 +60,7 @@ def throughput_table(res: dict | str | Path) -> str:
     for r in res["rows"]:
         tps = f"{r['tokens_per_s']:,.0f} | {r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f}"
         ratios = f"{_fmt_spec(r['speedup_vs_bf16'], '.3f')} | {_fmt_spec(r['speedup_vs_te_nvfp4'], '.3f')}"
-        act = (f"{r['saved_act_gb']:.3g} | {_fmt_spec(r['saved_act_ratio_vs_bf16'], '.3f')} "
+        act = (f"{_fmt_spec(r['saved_act_gb'], '.3g')} | {_fmt_spec(r['saved_act_ratio_vs_bf16'], '.3f')} "
                f"({_fmt_spec(r.get('saved_act_decoder_ratio_vs_bf16'), '.3f')})")
         mem = _fmt_spec(r["peak_mem_gb"], ".1f")
         lines.append(f"| {r['profile']} | {tps} | {_fmt_spec(r.get('mfu'), '.3f')} | {r['step_ms']:.1f} | {ratios} | {mem} "
