@@ -51,3 +51,15 @@ def test_torchrun_two_ranks_measures_dist_and_plain(tmp_path):
         assert row["plain_tokens_per_s"] == pytest.approx(plain) and plain > 0
         assert row["scaling_efficiency"] == pytest.approx(row["tokens_per_s"] / (2 * plain))
     assert "scaling efficiency" in res.stdout
+    from minite_core.report.tables import throughput_table
+
+    assert "Scale-out learner: 2 ranks × 2 rows" in throughput_table(payload)  # the report reads the result
+
+
+def test_experiment_knows_the_bench_models_experts():
+    """experiment.BENCH_EXPERTS (the gpus_per_job check, which cannot import the model) matches the bench."""
+    from minite_core.experiment import BENCH_CONFIGS, BENCH_EXPERTS
+
+    assert set(BENCH_EXPERTS) == set(BENCH_CONFIGS) == set(CONFIGS)
+    for name, n in BENCH_EXPERTS.items():
+        assert CONFIGS[name].model_config().num_experts == n
