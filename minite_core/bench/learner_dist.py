@@ -19,8 +19,6 @@ Reported per profile (rank 0 writes a throughput/v1 JSON whose rows the report's
   learner (FSDP2's copy-in/out and the amax all-reduces, expert parallelism's per-layer count exchange).
 Round counts must agree over ranks (every step is a collective), so the budget decision uses the max round time
 over ranks. Saved-activation bytes and MFU are not measured here (None): bench.learner's one-process run has them.
-On GPU the NVFP4 profiles run on rank 0 only so far (token offset 0, expert offset 0): a rank with a nonzero
-token or expert offset needs the Triton kernels' sr_origin / expert offsets (engines.distributed docstring).
 """
 from __future__ import annotations
 
