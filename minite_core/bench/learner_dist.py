@@ -23,6 +23,7 @@ over ranks. Saved-activation bytes and MFU are not measured here (None): bench.l
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 
@@ -198,6 +199,7 @@ def run(cfg: LearnerBenchConfig, device: torch.device, *, compare_plain: bool = 
     if compare_plain and dp.rank == 0:
         rank_log(f"plain learner (one process, {cfg.batch} rows): pg_step(dp=None)")
         plain = plain_samples(cfg, device, (batch[0][mine], batch[1][mine], batch[2][mine]), rank_log)
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the plain model's memory back before the sharded one is built
     dist.barrier()  # the other ranks wait here while rank 0 times the plain learner
