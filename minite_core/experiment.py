@@ -7,8 +7,10 @@ Two passes, each error one line naming the key path (`config: rl.runs[1].learner
 2. semantic checks the schema cannot express: profile names exist (and a learner profile has a backward), the
    model shape is one the model and the NVFP4 GEMMs accept (GQA divides the heads, K dims are multiples of 16,
    top-k <= experts), divisibility (`rl.mini_batches`, `quant_error.rows` with 16x16 blocks), enough task
-   prompts for what the stages ask, no two RL runs with one name, eval runs that exist.
-Also the rules' shared helpers: the RL runs of the config and a stage's config section as JSON.
+   prompts for what the stages ask, no two RL runs with one name, eval runs that exist, `gpus_per_job` ranks
+   that split the throughput bench's experts (expert parallelism).
+Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, and how a learner
+job is launched (`launcher`: torchrun with gpus_per_job > 1) and placed on Slurm (`slurm_gres`).
 
 This module is imported by the Snakefile, so it imports nothing heavy (no model, no kernels).
 """
@@ -25,6 +27,7 @@ from minite_core.rl.grpo import parse_correction, run_name
 from minite_core.task.arithmetic import LEVEL_INDEX, prompt_space_size
 
 BENCH_CONFIGS = ("tiny", "h200")  # bench.learner.CONFIGS (named here: importing the bench loads the model)
+BENCH_EXPERTS = {"tiny": 4, "h200": 128}  # their models' num_experts (a test checks these against the bench)
 
 
 def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
@@ -67,6 +70,19 @@ def rl_runs(config: dict) -> dict[str, dict]:
 def section_json(config: dict, section: str, drop=()) -> str:
     """A stage's config section as the JSON its command takes with --config-json (DAG-only keys dropped)."""
     return json.dumps({k: v for k, v in config.get(section, {}).items() if k not in drop})
+
+
+def launcher(config: dict) -> str:
+    """How a learner job starts `minite`: itself with one GPU per job, torchrun with gpus_per_job > 1 (one rank
+    a GPU of the job's node; `--standalone`: a rendezvous on the node, as Slurm places the job on one)."""
+    n = config.get("gpus_per_job", 1)
+    return "minite" if n == 1 else f"torchrun --standalone --nproc-per-node {n} -m minite_core.cli"
+
+
+def slurm_gres(config: dict) -> str:
+    """The Slurm GPUs of a learner job (workflow/profiles/slurm reads the rule's `gres`): gpus_per_job GPUs of
+    one node on CUDA, none on CPU."""
+    return f"gpu:{config.get('gpus_per_job', 1)}" if config["device"] == "cuda" else ""
 
 
 def gpu_slots(config: dict) -> int:
@@ -162,6 +178,10 @@ def _check_sizes(config, errors):
     if rl["eval_n"] > heldout:
         errors.append(f"config: rl.eval_n: {rl['eval_n']} held-out problems per evaluation > the {heldout} of the "
                       "data stage (data.n_heldout_per_level x levels)")
+    n, bench = config.get("gpus_per_job", 1), config.get("throughput", {}).get("config", "tiny")
+    if n > 1 and BENCH_EXPERTS.get(bench, n) % n:
+        errors.append(f"config: gpus_per_job: {n} ranks do not split the {BENCH_EXPERTS[bench]} experts of "
+                      f"throughput.config {bench!r} (expert parallelism); use a divisor of {BENCH_EXPERTS[bench]}")
     if not d["prompts"] and d["num_prompts"] > heldout:
         errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {heldout} held-out prompts of "
                       "the data stage")

@@ -129,6 +129,38 @@ def test_fast_path_odd_routings(backend, one_thread):
     _odd_routings("cpu", backend)
 
 
+@triton_ok
+@pytest.mark.parametrize("name", PROFILES)
+def test_fast_path_expert_offset_is_the_full_layers_slice(name, backend, one_thread):
+    """An expert-parallel rank's slice (experts 2, 3 of 4: expert_offset 2) on the fast path computes exactly what
+    the full layer computes for tokens routed to those experts: output, dx and the slice's dW, bitwise (the same
+    kernels on the same rows, SR drawn from the global experts' streams); offset 0 draws other streams (SR)."""
+    backend("triton")
+    dev = "cuda" if CUDA else "cpu"
+    full = GroupedLinear(4, 32, 48)
+    torch.nn.init.normal_(full.weight, std=0.1)
+    part = GroupedLinear(2, 32, 48)
+    part.weight = torch.nn.Parameter(full.weight.detach()[2:].clone())
+    top = torch.tensor([[2, 3], [3, 2], [2, 3]] * 6, device=dev)  # (18, 2): experts 0 and 1 empty
+    x = torch.randn(18, 32, generator=torch.Generator().manual_seed(4)).to(dev, torch.bfloat16)
+    outs = []
+    for mod, ids, E, offset in ((full, top, 4, 0), (part, top - 2, 2, 2), (part, top - 2, 2, 0)):
+        mod.to(dev)
+        mod.profile, mod.seed, mod.expert_offset = get_profile(name), 77, offset
+        mod.weight_cache.clear()
+        mod.weight.grad = None
+        layout = moe_layout(ids, E)
+        xi = permute(x, layout).detach().requires_grad_(True)
+        y = mod(xi, layout)
+        (y.float() * torch.linspace(-1, 1, y.shape[1], device=dev)).sum().backward()
+        rows = layout.dest  # (18, 2): each assignment's row in this layout's padding
+        outs.append((y.detach()[rows], xi.grad[rows], mod.weight.grad[-2:]))
+    for what, a, b in zip(("y", "dx", "dw"), outs[1], outs[0]):
+        assert torch.equal(a, b), f"{name} {what}"
+    if get_profile(name).grad is not None and get_profile(name).grad.rounding == "sr":
+        assert not torch.equal(outs[2][1], outs[0][1]), "offset 0 should draw the wrong experts' SR streams"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 def test_gpu_fast_path_odd_routings(backend):

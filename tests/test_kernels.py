@@ -231,6 +231,30 @@ def test_sr_codes_equal_reference_philox_stream():
 
 
 @cpu_kernels
+def test_sr_origin_draws_the_full_tensors_stream():
+    """A data-parallel shard quantized at its sr_origin with the global amax (nn.shard) has the full tensor's SR
+    codes and scales, in both Triton quantizers, bit for bit with the reference: dy's rows along N (origin
+    (row, 0)), a column slice (origin (0, col)), and the along-token xᵀ of a token shard (origin (0, token))."""
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    x = _input(64, 64, torch.bfloat16, seed=9)
+    amax = x.float().abs().amax().cpu()
+    full = quantize_reference(x.cpu(), rounding="sr", seed=5, amax=amax)[0]
+    for rows, cols, origin in ((slice(32, 64), slice(0, 64), (32, 0)), (slice(0, 64), slice(16, 64), (0, 16))):
+        part = quantize_triton(x[rows, cols], rounding="sr", seed=5, amax=amax.to(DEV), sr_origin=origin)[0]
+        assert torch.equal(part.data.cpu(), full.data[rows, cols.start // 2:])
+        assert torch.equal(part.scale.view(torch.uint8).cpu(), full.scale[rows, cols.start // 16:].view(torch.uint8))
+        _same(part, quantize_reference(x[rows, cols].cpu(), rounding="sr", seed=5, amax=amax, sr_origin=origin)[0])
+    full_t = quantize_reference(x.t().contiguous().cpu(), rounding="sr", seed=5, amax=amax)[0]  # xᵀ (64, 64)
+    part_t, _ = quantize_cols_triton(x[32:], rounding="sr", seed=5, amax=amax.to(DEV), sr_origin=(0, 32),
+                                     block_t=32, block_c=16)  # the second rank's 32 tokens
+    assert torch.equal(part_t.data.cpu(), full_t.data[:, 16:])
+    assert torch.equal(part_t.scale.view(torch.uint8).cpu(), full_t.scale[:, 2:].view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        quantize_triton(x, rounding="sr", seed=5, sr_origin=(0, 2))
+
+
+@cpu_kernels
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_decode_gemm_matches_reference(m):
     _, tw, _, _ = _gemm_case(8, 48, 96)

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from minite_core.experiment import launcher, schema_errors
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def _dry_run(*args, cwd=ROOT):
@@ -67,6 +70,7 @@ _BASE = "experiment: bad\n"
         ("rl_runs: []", "config: Additional properties are not allowed ('rl_runs' was unexpected)"),
         ("rl: {stepz: 3}", "config: rl: Additional properties are not allowed ('stepz' was unexpected)"),
         ("seed: -1", "config: seed: -1 is less than the minimum of 0"),
+        ("gpus_per_job: 3", "config: gpus_per_job: 3 ranks do not split the 4 experts of throughput.config 'tiny'"),
     ],
 )
 def test_bad_config_is_one_line_at_parse_time(tmp_path, yaml_text, line):
@@ -88,6 +92,38 @@ def test_slurm_profile_dry_run():
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="optional extra `slurm` not installed")
     res = _dry_run("--workflow-profile", "workflow/profiles/slurm", "--configfile", "experiments/h200.yaml")
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def _dry_run_commands(tmp_path, yaml_text, *args):
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text(yaml_text)
+    res = subprocess.run([*SNAKEMAKE, "-n", "-p", "all", "--configfile", str(cfg), *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_multi_gpu_experiment_launches_torchrun(tmp_path):
+    """gpus_per_job > 1: the throughput bench starts under torchrun (bench.learner_dist); 1 (the default): plainly;
+    0: the one-line schema error."""
+    out = _dry_run_commands(tmp_path, "experiment: issue24-multigpu\ngpus_per_job: 2\n")
+    assert "torchrun --standalone --nproc-per-node 2 -m minite_core.cli bench learner --out" in out
+    assert out.count("torchrun") == 1, "only the throughput bench runs distributed so far (RL: one process)"
+    assert launcher({"gpus_per_job": 1}) == "minite" and launcher({}) == "minite"
+    assert schema_errors({"experiment": "x", "gpus_per_job": 0}, SCHEMA) == [
+        "config: gpus_per_job: 0 is less than the minimum of 1"]
+
+
+def test_slurm_profile_places_a_multi_gpu_job_on_one_node(tmp_path):
+    """The throughput job asks Slurm for gpus_per_job GPUs (`gres`, which the plugin turns into --gres=gpu:4) on one
+    node, and not for the local GPU slots (`gpu` 0: the plugin would add --gpus=<slots>)."""
+    pytest.importorskip("snakemake_executor_plugin_slurm", reason="optional extra `slurm` not installed")
+    out = _dry_run_commands(tmp_path, "experiment: issue24-slurm\ndevice: cuda\ngpus_per_job: 4\n",
+                            "--workflow-profile", "workflow/profiles/slurm")
+    job = out[out.index("rule throughput:"):]
+    job = job[:job.index("\n\n")]
+    assert "gpu=0, gres=gpu:4, nodes=1, slurm_extra=--exclusive" in job
+    assert "torchrun --standalone --nproc-per-node 4" in job
 
 
 def test_ci_runs_both_readme_commands():

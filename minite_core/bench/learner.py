@@ -1,4 +1,5 @@
 """Learner-update throughput (`minite bench learner`): BF16 vs TE-NVFP4 vs miniTE on one model, one process.
+(Launched by torchrun, the same command times the scale-out learner instead: bench.learner_dist.)
 
 What is timed: a COMPLETE learner update — forward (logits), next-token cross-entropy (token mean; the RL
 objective's cost is the same log-softmax + gather), backward, AdamW step, zero_grad — as the paper's "tokens/s
@@ -423,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one extra step per profile under torch.profiler (top kernels by GPU time)")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
     ap.add_argument("--csv", default=None, help="also write a long-format CSV")
+    ap.add_argument("--compare-plain", action=argparse.BooleanOptionalAction, default=True, dest="compare_plain",
+                    help="under torchrun: also time the plain 1-process learner on rank 0 in the same invocation "
+                         "(the scaling-efficiency baseline)")
     add_common_args(ap, config_help="the experiment's `throughput:` section as JSON (keys = the flags above)")
     args = parse_with_config(ap, argv)
     device = torch.device(args.device)
@@ -430,12 +434,25 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve_config(args.config, device, profiles=profiles, batch=args.batch, seq=args.seq, layers=args.layers,
                          vocab_size=args.vocab_size, warmup=args.warmup, iters=args.iters, budget_s=args.budget_s,
                          tf32=args.tf32, seed=args.seed, op_profile=args.op_profile)
-    print(f"learner bench: config {cfg.name} on {device}: {cfg}", flush=True)
-    payload = run(cfg, device, log=lambda s: print(s, flush=True))
+    from minite_core.bench import learner_dist
+
+    if learner_dist.launched_by_torchrun():  # the scale-out learner (bench.learner_dist); rank 0 writes
+        device = learner_dist.rank_device(device)
+        payload = learner_dist.run(cfg, device, compare_plain=args.compare_plain, log=lambda s: print(s, flush=True))
+        if payload is None:
+            return 0
+    else:
+        print(f"learner bench: config {cfg.name} on {device}: {cfg}", flush=True)
+        payload = run(cfg, device, log=lambda s: print(s, flush=True))
     payload["experiment"] = args.experiment
     write_json(args.out, payload)
     if args.csv:
         write_csv(args.csv, payload)
     for row in payload["rows"]:
         print(f"{row['profile']}: {row['tokens_per_s']:,.0f} tokens/s, step {row['step_ms']:.1f} ms", flush=True)
+        if "scaling_efficiency" in row:
+            plain, eff = row["plain_tokens_per_s"], row["scaling_efficiency"]
+            plain_s, eff_s = ("—", "—") if plain is None else (f"{plain:,.0f}", f"{eff:.3f}")
+            print(f"  {payload['config']['world_size']} ranks: {row['per_gpu_tokens_per_s']:,.0f} tokens/s per GPU; "
+                  f"plain 1-process learner {plain_s} tokens/s; scaling efficiency {eff_s}", flush=True)
     return 0

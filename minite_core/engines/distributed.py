@@ -32,8 +32,9 @@ MoE layers: call `engines.expert_parallel.install` before `shard_model` — expe
 dispatched with all-to-all, every expert's GEMMs on one rank over exactly its single-process rows (bitwise expert
 gradients); those weights stay out of FSDP. Without it, NVFP4 expert GEMMs on a token shard refuse to run
 (nn.experts: per-expert amaxes and 16-token wgrad blocks would span ranks).
-Not yet on GPU: the Triton quantizers take no SR origin and the grouped Triton path no expert offset, so the NVFP4
-profiles refuse a token shard there (kernels.dispatch, nn.experts) until they do; bf16 DP has no such limit.
+On GPU the same holds: the Triton quantizers take the shard's SR origin (kernels.quantize, kernels.quantize_cols)
+and the grouped Triton path an expert-parallel rank's expert offset (nn.experts), both tested bitwise under the
+interpreter.
 """
 from __future__ import annotations
 

@@ -109,14 +109,6 @@ def _quant_kwargs(quant: Quant | None, kwargs: dict) -> dict:
     return q
 
 
-def _pop_sr_origin(q: dict) -> None:
-    """The Triton quantizers draw SR from the tensor's own (row, column) only: a shard's origin (sr_origin, the
-    data-parallel learner's token offset) runs on the reference path so far."""
-    if tuple(q.pop("sr_origin", (0, 0))) != (0, 0):
-        raise NotImplementedError("sr_origin (a data-parallel shard's SR counter offset) is implemented in the "
-                                  "reference quantizer only; run the distributed learner with kernels: reference")
-
-
 def _quantize_impl(x, quant, amax, seed, rht, emit_dq, backend, check, kwargs):
     q = _quant_kwargs(quant, kwargs)
     if quant is not None and quant.static and amax is None:
@@ -129,7 +121,6 @@ def _quantize_impl(x, quant, amax, seed, rht, emit_dq, backend, check, kwargs):
         return quantize_reference(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, check=check, **q)
     from minite_core.kernels.quantize import quantize_triton
 
-    _pop_sr_origin(q)
     return quantize_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, check=check, **q)
 
 
@@ -162,7 +153,6 @@ def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: 
                                   check=False, **q)
     from minite_core.kernels.quantize_cols import quantize_cols_triton
 
-    _pop_sr_origin(q)
     if tuple(q.pop("block")) != (1, 16):
         raise NotImplementedError("the along-token quantizer takes 1x16 blocks (every profile's wgrad operands)")
     q.pop("scale_mode")

@@ -198,11 +198,11 @@ def quantize_dq_tile(x, s_enc, s_dec, FAST: tl.constexpr, BLOCK_M: tl.constexpr,
 @triton.jit
 def _quantize_kernel(
     x_ptr, data_ptr, scale_ptr, sdec_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
-    M, K, stride_xm, stride_xk, seed,
+    M, K, stride_xm, stride_xk, seed, row0, col0,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TWO_D: tl.constexpr, SCALE_SRC: tl.constexpr,
     FAST: tl.constexpr, SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, EMIT_DQ: tl.constexpr,
 ):
-    # M = rows, K = reduction dim, NB = BLOCK_K // 16 scale blocks per tile row
+    # M = rows, K = reduction dim, NB = BLOCK_K // 16 scale blocks per tile row; (row0, col0) = sr_origin
     NB: tl.constexpr = BLOCK_K // 16
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # (BM,)
@@ -230,7 +230,7 @@ def _quantize_kernel(
             ctr_row = tl.load(index_ptr + rows, mask=rmask, other=0).to(tl.int64)[:, None] << 32
         else:
             seed_r = seed
-            ctr_row = rows.to(tl.int64)[:, None] << 32
+            ctr_row = (rows.to(tl.int64) + row0)[:, None] << 32  # global row of a shard (sr_origin)
 
     # ---- quantize pass
     for k0 in range(0, K, BLOCK_K):
@@ -258,7 +258,7 @@ def _quantize_kernel(
                 local4 = tl.load(index_ptr + c4, mask=cm, other=0).to(tl.int64)[None, :] >> 2
                 u = _uniforms(seed_c, (rows.to(tl.int64)[:, None] << 32) + local4, BLOCK_M, BLOCK_K)
             else:
-                u = _uniforms(seed_r, ctr_row + (c4.to(tl.int64) >> 2)[None, :], BLOCK_M, BLOCK_K)
+                u = _uniforms(seed_r, ctr_row + ((c4.to(tl.int64) + col0) >> 2)[None, :], BLOCK_M, BLOCK_K)
             mag = _sr_magnitude(a, u)
         else:
             mag, val = _e2m1_rne(a)
@@ -335,6 +335,19 @@ def block_amax(x: torch.Tensor, *, rht: bool = False, block_m: int = 64, block_k
     return out.amax(0)
 
 
+def _sr_origin(origin, seg_seed) -> tuple[int, int]:
+    """A data-parallel shard's SR counter offset (formats.nvfp4.quantize's sr_origin). The kernels draw one Philox
+    call per 4 columns, so the column offset keeps groups of 4 whole; per-segment streams (seg_seed, the MoE
+    experts) index their own rows and take none."""
+    row0, col0 = (int(v) for v in origin)
+    if col0 % 4 or row0 < 0 or col0 < 0:
+        raise ValueError(f"sr_origin {tuple(origin)}: the Triton quantizers take a column offset that is a "
+                         "non-negative multiple of 4 (a shard of whole 16-blocks)")
+    if (row0 or col0) and seg_seed is not None:
+        raise ValueError("sr_origin with seg_seed: per-segment SR streams index their own rows; pass one of them")
+    return row0, col0
+
+
 def quantize_triton(
     x: torch.Tensor,
     *,
@@ -350,6 +363,7 @@ def quantize_triton(
     col_amax: torch.Tensor | None = None,
     seg_seed: tuple[torch.Tensor, torch.Tensor] | None = None,
     four_over_six: str = "off",
+    sr_origin: tuple[int, int] = (0, 0),
     block_m: int = BLOCK_M_DEFAULT,
     block_k: int = BLOCK_K_DEFAULT,
     num_warps: int = NUM_WARPS_DEFAULT,
@@ -358,7 +372,8 @@ def quantize_triton(
     `quantize` (`seed` = the Philox stream of rounding="sr"), plus `rht` / `emit_dq`, and for the MoE:
     `amax` of shape [M] with scale_mode="row" = one static amax per row; `col_amax` [K/16] = one amax per
     16-column block ("col-seg"; the returned global_scale is then empty: the caller owns the per-segment S_dec);
-    `seg_seed` = (seeds int64, indices int64) per row — or per column with col_amax — for rounding="sr"."""
+    `seg_seed` = (seeds int64, indices int64) per row — or per column with col_amax — for rounding="sr";
+    `sr_origin` = (row, column) of x[0, 0] in the tensor x is a shard of (the reference's; column % 4 == 0)."""
     if four_over_six != "off":
         raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
                                   "MINITE_KERNELS=reference (formats/four_over_six.py)")
@@ -368,6 +383,7 @@ def quantize_triton(
         raise ValueError(f"bad quantizer settings scale_mode={scale_mode!r} math={math!r} rounding={rounding!r}")
     if rounding == "sr" and seed is None and seg_seed is None:
         raise ValueError("rounding='sr' needs an explicit integer seed (no hidden global RNG)")
+    row0, col0 = _sr_origin(sr_origin, seg_seed)
     m, k = x.shape
     two_d = block == (16, 16)
     bm = 16 if two_d else block_m
@@ -398,7 +414,7 @@ def quantize_triton(
     seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
     _quantize_kernel[(triton.cdiv(m, bm),)](
         x, data, scale.view(torch.uint8), sdec, dq, amax_t, seeds, index,
-        m, k, *_strides(x), 0 if seed is None else int(seed),
+        m, k, *_strides(x), 0 if seed is None else int(seed), row0, col0,
         BLOCK_M=bm, BLOCK_K=bk, TWO_D=two_d, SCALE_SRC=src, FAST=math == "fast", SR=rounding == "sr",
         SEG_SEED=seg_seed is not None, RHT=rht, EMIT_DQ=emit_dq, num_warps=num_warps,
     )

@@ -27,6 +27,7 @@ from minite_core.kernels.quantize import (
     _e4m3_rne,
     _global_scales,
     _sr_magnitude,
+    _sr_origin,
     _to_uniform,
 )
 
@@ -80,7 +81,7 @@ def _col_block_amax_kernel(x_ptr, out_ptr, T, C, stride_t, stride_c, RHT: tl.con
 @triton.jit
 def _quantize_cols_kernel(
     x_ptr, data_ptr, scale_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
-    T, C, stride_t, stride_c, seed,
+    T, C, stride_t, stride_c, seed, row0, col0,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PER_BLOCK: tl.constexpr, FAST: tl.constexpr,
     SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, EMIT_DQ: tl.constexpr,
 ):
@@ -121,8 +122,8 @@ def _quantize_cols_kernel(
             l4 = tl.load(index_ptr + t4, mask=tm, other=0).to(tl.int64)[:, None] >> 2
         else:
             s4 = seed
-            l4 = (t4.to(tl.int64) >> 2)[:, None]
-        r0, r1, r2, r3 = tl.randint4x(s4, (c.to(tl.int64)[None, :] << 32) + l4)  # (BT/4, BC) each
+            l4 = ((t4.to(tl.int64) + col0) >> 2)[:, None]  # (row0, col0) = sr_origin in xᵀ's coordinates
+        r0, r1, r2, r3 = tl.randint4x(s4, ((c.to(tl.int64) + row0)[None, :] << 32) + l4)  # (BT/4, BC) each
         u = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (BT/4, BC, 2, 2): [..., p, q] = output 2p + q
         u = _to_uniform(tl.reshape(tl.permute(u, (0, 2, 3, 1)), [BLOCK_T, BLOCK_C]))
         mag = _sr_magnitude(a, u)
@@ -158,13 +159,15 @@ def col_block_amax(x: torch.Tensor, *, rht: bool = False, block_t: int = BLOCK_T
 def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor | None = None, math: str = "exact",
                          rounding: str = "rne", seed: int | None = None, seg_seed=None, rht: bool = False,
                          emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT, block_c: int = BLOCK_C_DEFAULT,
-                         four_over_six: str = "off"):
+                         four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0)):
     """x [T, C] -> (NVFP4Tensor of xᵀ [C, T] with 1×16 blocks along T, bf16 e2m1(q)·sf [C, T] or None).
     Global scale: `col_amax` [T/16] per 16-token block (returned global_scale is then empty: the caller owns
-    the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`)."""
+    the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`).
+    `sr_origin`: (row, column) of xᵀ[0, 0] in the xᵀ it is a shard of (a rank's tokens: (0, token offset))."""
     if four_over_six != "off":
         raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
                                   "MINITE_KERNELS=reference (formats/four_over_six.py)")
+    row0, col0 = _sr_origin(sr_origin, seg_seed)
     t_len, c_len = x.shape
     if t_len % 16:
         raise ValueError(f"the along-token quantizer needs T % 16 == 0 (pad the tokens), got x of shape {tuple(x.shape)}")
@@ -186,7 +189,7 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
     grid = (triton.cdiv(t_len, block_t), triton.cdiv(c_len, block_c))
     _quantize_cols_kernel[grid](
         x, data, scale.view(torch.uint8), dq, amax_t, seeds, index, t_len, c_len, x.stride(0), x.stride(1),
-        0 if seed is None else int(seed), BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None,
+        0 if seed is None else int(seed), row0, col0, BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None,
         FAST=math == "fast", SR=rounding == "sr", SEG_SEED=seg_seed is not None, RHT=rht, EMIT_DQ=emit_dq,
         num_warps=4)
     gs = sdec if col_amax is not None else sdec.reshape(())

@@ -15,7 +15,8 @@ Two implementations:
   scales, or per-expert amaxes broadcast to rows) x the cached per-expert weight operand; dgrad = dy quantized
   along N with per-expert SR streams x the cached Wᵀ operand; wgrad = dyᵀ and the saved packed xᵀ (quantized
   along tokens per expert, RHT first under TE's recipe) in a K-grouped GEMM. Codes and scales equal the
-  reference's bit for bit; GEMM outputs agree to fp32 accumulation order.
+  reference's bit for bit; GEMM outputs agree to fp32 accumulation order. An expert-parallel rank's slice
+  (`expert_offset`) draws its experts' global SR streams, so it computes what the full layer computes for them.
 Saved for backward on the NVFP4 path: the packed xᵀ codes + E4M3 scales (4.5 bits / element) and the per-expert
 S_dec — the bf16 x is not kept.
 """
@@ -47,15 +48,13 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
                                   "profile or one process for an MoE model")
     if dispatch.fast_path(x):
-        if expert_offset:
-            raise NotImplementedError("expert parallelism runs the reference expert GEMMs so far (kernels: reference)")
-        if profile.weight is None:
+        if profile.weight is None:  # no seeds, the cache holds this module's slice: expert_offset changes nothing
             return _grouped_bf16(x, weight, layout, profile, cache)
         if profile.activation is not None and profile.activation.static and input_amax is None:
             raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
                                "minite_core.nn.calibrate(model, batches) first")
         dtype = torch_dtype(profile.dtype)
-        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache)
+        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset)
     bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
     outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
                    cache=cache, key=e + expert_offset) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
@@ -193,7 +192,7 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, 
 
 class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache):
+    def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset):
         # x (Tp, K) compute dtype; weight (E, N, K) master dtype
         if profile.decode_gemm == "packed":
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
@@ -209,6 +208,7 @@ class _GroupedNVFP4(torch.autograd.Function):
             y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
                                       invariant=profile.batch_invariant)
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
+        ctx.expert_offset = expert_offset
         saved = ()
         if profile.grad is not None and weight.requires_grad:
             spec = profile.activation or profile.grad
@@ -224,7 +224,7 @@ class _GroupedNVFP4(torch.autograd.Function):
         profile, layout = ctx.profile, ctx.layout
         if profile.grad is None:
             raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
-        experts = torch.arange(layout.num_experts, dtype=torch.int64, device=dy.device)
+        experts = torch.arange(layout.num_experts, dtype=torch.int64, device=dy.device) + ctx.expert_offset  # global
         seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
         dy = dy.contiguous()
         dx = dw = None
@@ -238,7 +238,7 @@ class _GroupedNVFP4(torch.autograd.Function):
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
             dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)
-        return dx, dw, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None
 
 
 class GroupedLinear(nn.Module):

@@ -60,11 +60,17 @@ def throughput_table(res: dict | str | Path) -> str:
     for r in res["rows"]:
         tps = f"{r['tokens_per_s']:,.0f} | {r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f}"
         ratios = f"{_fmt_spec(r['speedup_vs_bf16'], '.3f')} | {_fmt_spec(r['speedup_vs_te_nvfp4'], '.3f')}"
-        act = (f"{r['saved_act_gb']:.3g} | {_fmt_spec(r['saved_act_ratio_vs_bf16'], '.3f')} "
+        act = (f"{_fmt_spec(r['saved_act_gb'], '.3g')} | {_fmt_spec(r['saved_act_ratio_vs_bf16'], '.3f')} "
                f"({_fmt_spec(r.get('saved_act_decoder_ratio_vs_bf16'), '.3f')})")
         mem = _fmt_spec(r["peak_mem_gb"], ".1f")
         lines.append(f"| {r['profile']} | {tps} | {_fmt_spec(r.get('mfu'), '.3f')} | {r['step_ms']:.1f} | {ratios} | {mem} "
                      f"| {act} |")
+    if c.get("world_size"):  # the scale-out learner (bench.learner_dist): batch is per GPU
+        lines += ["", f"Scale-out learner: {c['world_size']} ranks × {c['batch_per_gpu']} rows ({c['distributed']}); "
+                      "tokens/s above are totals. Per GPU, and against the plain 1-process learner "
+                      f"({c.get('baseline') or 'not measured'}): " + "; ".join(
+                          f"{r['profile']} {r['per_gpu_tokens_per_s']:,.0f} per GPU, scaling efficiency "
+                          f"{_fmt_spec(r['scaling_efficiency'], '.3f')}" for r in res["rows"]) + "."]
     t = res.get("targets", {})
     if "met" in t:
         marks = ["—" if ok is None else ("met" if ok else "**missed**") for ok in t["met"]]

@@ -7,9 +7,11 @@ from pathlib import Path
 from minite_core.experiment import (
     gpu_slots,
     input_path,
+    launcher,
     rl_runs,
     run_options,
     section_json,
+    slurm_gres,
 )
 
 ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda: optional)
