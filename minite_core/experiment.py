@@ -135,6 +135,13 @@ def _check_profiles(config, errors):
         _pair(errors, "diagnostics.attribution_base", d["attribution_base"])
     for key in ("throughput", "eval"):
         for i, name in enumerate(config.get(key, {}).get("profiles", [])):
+            if key == "throughput" and name.startswith("te:"):  # a real-TE row (bench/learner.py)
+                from minite_core.peers.te_learner import MODES
+
+                if name[3:] not in MODES:
+                    errors.append(f"config: {key}.profiles[{i}]: unknown TE mode {name[3:]!r}; one of "
+                                  f"{', '.join(sorted(MODES))}")
+                continue
             _profile(errors, f"{key}.profiles[{i}]", name, learner=key == "throughput")
     if "profile" in config.get("pretrain", {}):
         _profile(errors, "pretrain.profile", config["pretrain"]["profile"], learner=True)

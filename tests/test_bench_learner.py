@@ -123,3 +123,23 @@ def test_timing_helpers():
     calls = []
     stats = bench(lambda: calls.append(1), warmup=2, reps=3)
     assert len(calls) == 5 and stats.n == 3
+
+
+def test_te_rows_skipped_with_the_reason_without_te():
+    """`te:<mode>` rows run through peers.te_learner; where TE cannot run (here: CPU) they are skipped, the reason
+    recorded, and no row is made up for them."""
+    from minite_core.peers import te_learner
+
+    cpu = torch.device("cpu")
+    cfg = learner.resolve_config("tiny", cpu, profiles=("bf16", "te:bf16", "te:fp8-current"), warmup=1, iters=1)
+    logs = []
+    payload = learner.run(cfg, cpu, log=logs.append)
+    ok, why = te_learner.mode_available("bf16")
+    assert not ok and why
+    assert [r["profile"] for r in payload["rows"]] == ["bf16"]
+    assert payload["skipped"] == [{"profile": "te:bf16", "reason": why}, {"profile": "te:fp8-current", "reason": why}]
+    assert any(line == f"skipping te:bf16: {why}" for line in logs)
+    with pytest.raises(ValueError, match="unknown TE mode"):
+        learner.run(learner.resolve_config("tiny", cpu, profiles=("bf16", "te:nope")), cpu)
+    with pytest.raises(ValueError, match="no profile left"):
+        learner.run(learner.resolve_config("tiny", cpu, profiles=("te:bf16",), warmup=1, iters=1), cpu)

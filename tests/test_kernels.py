@@ -392,3 +392,22 @@ def test_quantize_cols_equals_reference_on_transpose(rht, sr, math):
                                 seed=int(seeds[i]) if sr else None)[0] for i, (s, e) in enumerate(segs)]
     assert torch.equal(t.data.cpu(), torch.cat([p.data for p in parts], 1))
     assert torch.equal(t.scale.view(torch.uint8).cpu(), torch.cat([p.scale.view(torch.uint8) for p in parts], 1))
+
+
+@cpu_kernels
+@pytest.mark.parametrize("sr", [False, True])
+def test_quantize_cols_rht_bf16_equals_reference(sr):
+    """rht_dtype="bfloat16" (Profile.wgrad_rht_dtype, TE's RHT in the input dtype): the RHT'd tile is rounded to
+    bf16 before amax and quantization, in the kernel as in the reference; and it is a different operand."""
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
+
+    x = _input(64, 32, torch.float32, seed=12)
+    kw = dict(rht=True, rht_dtype="bfloat16", rounding="sr" if sr else "rne", seed=987654321 if sr else None)
+    t, d = quantize_cols_triton(x, emit_dq=True, block_t=32, block_c=16, **kw)
+    r, rd = quantize_reference(x.t().contiguous().cpu(), emit_dq=True, **kw)
+    _same(t, r, d, rd)
+    xf = rht_ref(x.t().float().cpu(), "bfloat16")
+    amax = col_block_amax(x, rht=True, rht_dtype="bfloat16", block_t=32, block_c=16).cpu()
+    assert torch.equal(amax, xf.abs().reshape(32, 4, 16).amax(dim=(0, 2)))
+    r32, _ = quantize_reference(x.t().contiguous().cpu(), rht=True, rounding=kw["rounding"], seed=kw["seed"])
+    assert not torch.equal(r32.data, r.data)

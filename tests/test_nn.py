@@ -62,8 +62,9 @@ def test_nvfp4_forward_backward_equal_dequantized_reference(name):
     dx_ref = q(dy, p.grad) @ q(layer.weight.detach().t().contiguous(), w).t()
     torch.testing.assert_close(x.grad, dx_ref, atol=1e-5, rtol=1e-5)
     pad = lambda t: F.pad(t, (0, 0, 0, 8))  # noqa: E731  40 -> 48 tokens
-    t_fn = (lambda t: rht(t)) if p.wgrad_rht else (lambda t: t)
-    dw_ref = q(t_fn(pad(dy).t().contiguous()), p.grad, scale_mode="tensor") @ q(t_fn(pad(x.detach()).t().contiguous()), a, scale_mode="tensor").t()
+    t_fn = (lambda t: rht(t, p.wgrad_rht_dtype)) if p.wgrad_rht else (lambda t: t)
+    dw_ref = (q(t_fn(pad(dy).t().contiguous()), p.grad, scale_mode="tensor")
+              @ q(t_fn(pad(x.detach()).t().contiguous()), a, scale_mode=p.wgrad_input_scale_mode).t())
     torch.testing.assert_close(layer.weight.grad, dw_ref, atol=1e-4, rtol=1e-5)
 
 
@@ -129,7 +130,7 @@ def test_te_nvfp4_knob_by_knob_becomes_minite():
     assert not torch.equal(logits["te"], ref)  # the knobs matter
     torch.testing.assert_close(logits[steps[-1][0]], ref, atol=0, rtol=0)
     # forward-only knobs left (grad RHT) do not touch the forward: p differs from minite only in backward knobs
-    assert p.replace(wgrad_rht=False, name="minite") == mt
+    assert p.replace(wgrad_rht=False, wgrad_rht_dtype="float32", name="minite") == mt
 
 
 def test_fused_weight_scale_shares_qkv_global_scale():

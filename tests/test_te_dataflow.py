@@ -7,13 +7,15 @@ custom_recipes/gemm.py `custom_gemm` feeds them to `NVFP4QuantizerRef.qgemm`: fp
 - `te_compare.te_reference_dataflow` (TE's dataflow written with our formats) agrees to fp32 rounding: the
   remaining difference is qgemm's global scale amax_x·amax_w / (36·448²) vs our S_dec_x·S_dec_w and its per-block
   accumulation order;
-- our QuantLinear under the mode's `emulated_by` profile agrees as closely on fprop and dgrad, and on wgrad it
-  does not, for the two reasons this file pins: TE's reference rotates (RHT) the wgrad operands in bf16
-  (`nvfp4`), and row-scales the column-wise x^T per row of x^T (`nvfp4-rowscaled`, `nvfp4-4over6`), where our
-  QuantLinear quantizes x^T per tensor. Those are the knobs te_compare's GEMM table shows on the H200.
+- our QuantLinear under the mode's `emulated_by` profile agrees as closely on all three, wgrad included, since
+  the profile models the two wgrad choices TE's reference makes (found from te_compare's H200 GEMM table, where
+  wgrad was 4e-2..9e-2 apart): the RHT'd wgrad operands rounded to bf16 (`wgrad_rht_dtype`, `nvfp4`), and the
+  column-wise x^T scaled per row of x^T (`wgrad_input_scale_mode="row"`, `nvfp4-rowscaled`, `nvfp4-4over6`).
+  Without them (the profiles' defaults) wgrad is a knob apart again: the last test pins that each one matters.
 """
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -86,10 +88,20 @@ def test_quantlinear_vs_te_reference(ref, name):
     mode = MODES[name]
     x, w, dy = _operands(seed=1)
     te, ours = te_reference_gemms(ref, mode, x, w, dy), _ours(mode, x, w, dy)
-    for out in ("fprop", "dgrad"):  # identical quantizers: GEMM rounding only
+    for out in ("fprop", "dgrad", "wgrad"):  # identical quantizers: GEMM rounding only
         a = agreement(ours[out], te[out])
         assert a["rel"] < 1e-3 and a["eq_bf16"] > 0.99, (out, a)
-    # wgrad: a knob apart (module docstring) — 10x above GEMM rounding (< 1e-3 above), below the NVFP4 error itself
+
+
+@pytest.mark.parametrize("name,knob", [("nvfp4", {"wgrad_rht_dtype": "float32"}),
+                                       ("nvfp4-rowscaled", {"wgrad_input_scale_mode": "tensor"}),
+                                       ("nvfp4-4over6", {"wgrad_input_scale_mode": "tensor"})])
+def test_wgrad_knob_off_is_a_knob_apart(ref, name, knob):
+    """Each wgrad knob is needed: back at the default, wgrad is 10x above GEMM rounding, below the NVFP4 error."""
+    mode = MODES[name]
+    mode = dataclasses.replace(mode, emulated_by=mode.emulated_by.replace(**knob))
+    x, w, dy = _operands(seed=1)
+    te, ours = te_reference_gemms(ref, mode, x, w, dy), _ours(mode, x, w, dy)
     a = agreement(ours["wgrad"], te["wgrad"])
     exact = dy.float().t() @ x.float()
     assert 1e-2 < a["rel"] < agreement(te["wgrad"], exact)["rel"], a

@@ -55,6 +55,7 @@ _BASE = "experiment: bad\n"
         ("diagnostics: {pairs: ['bf16:nope']}", "config: diagnostics.pairs[0]: unknown profile 'nope'"),
         ("diagnostics: {attribution_base: 'nope:bf16'}", "config: diagnostics.attribution_base: unknown profile"),
         ("throughput: {profiles: [bf16, nope]}", "config: throughput.profiles[1]: unknown profile 'nope'"),
+        ("throughput: {profiles: [bf16, 'te:nope']}", "config: throughput.profiles[1]: unknown TE mode 'nope'"),
         ("eval: {profiles: [nope]}", "config: eval.profiles[0]: unknown profile 'nope'"),
         ("eval: {runs: [nope__bf16__none]}", "config: eval.runs[0]: 'nope__bf16__none' is not a run of rl.runs"),
         ("quant_error: {rows: 24}", "config: quant_error.rows: 24 is not a multiple of 16"),

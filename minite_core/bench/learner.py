@@ -15,6 +15,15 @@ p20_tokens_per_s = B·T / p80 step time (the slow end), p80_tokens_per_s = B·T 
 Peak memory: `torch.cuda.max_memory_allocated`, reset before every step, max over the profile's timed steps (it
 includes the weights, grads and AdamW state that all profiles share).
 
+Real Transformer Engine rows (`te:<mode>`, e.g. te:bf16, te:fp8-current, te:fp8-block; modes of peers.te_learner):
+the same model and batch through `te_learner.build_te_model(model, mode, share_weights=True)` (decoder GEMMs as
+te.Linear, one per expert; every copy shares the model's parameter storage) and `te_learner.te_train_step`,
+interleaved with the other profiles. The TE copies share one Parameter set (expert views included), so one
+second AdamW serves every TE row (its state is apart from the main optimizer's, as the parameters are its own
+Parameter objects); every optimizer step clears every copy's weight caches. When TE cannot run a mode here (not
+installed, no CUDA, an FP8 recipe this GPU lacks) its row is skipped: the reason is printed and recorded in the
+payload's `skipped`, and no number is made up.
+
 Saved-activation bytes: one extra forward per profile, counted by `bench.saved_activations` (parameters, their
 view/cast copies and the modules' weight caches excluded; the loss's own log-softmax excluded — identical for
 every profile — the count covers `model(ids)`).
@@ -217,10 +226,51 @@ def learner_step(model, opt, input_ids, labels) -> torch.Tensor:
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
+TE_PREFIX = "te:"
+
+
+def _te_mode(name: str):
+    """The peers.te_learner mode of a `te:<mode>` row, else None."""
+    if not name.startswith(TE_PREFIX):
+        return None
+    from minite_core.peers import te_learner
+
+    return te_learner.get_mode(name[len(TE_PREFIX):])
+
+
+def te_models(cfg: LearnerBenchConfig, model, log=print) -> tuple[dict, torch.optim.Optimizer | None, dict]:
+    """({row: TE copy of model}, the TE rows' AdamW or None, {row: reason} of the rows TE cannot run here)."""
+    from minite_core.peers import te_learner
+
+    copies, skipped = {}, {}
+    for name in cfg.profiles:
+        mode = _te_mode(name)
+        if mode is None:
+            continue
+        ok, why = te_learner.mode_available(mode)
+        if not ok:
+            skipped[name] = why
+            log(f"skipping {name}: {why}")
+            continue
+        copies[name] = te_learner.build_te_model(model, mode, share_weights=True)
+    if not copies:
+        return copies, None, skipped
+    first = next(iter(copies.values()))
+    shared = dict(first.named_parameters())
+    for te_model in copies.values():  # one Parameter set for all copies (expert views are new per copy)
+        for mod_name, mod in te_model.named_modules():
+            if isinstance(mod, te_learner.TELinear):
+                mod.linear.register_parameter("weight", shared[f"{mod_name}.linear.weight"])
+    fused = next(model.parameters()).is_cuda
+    opt = torch.optim.AdamW(first.parameters(), lr=cfg.lr, weight_decay=0.0, **({"fused": True} if fused else {}))
+    return copies, opt, skipped
+
+
 def run(cfg: LearnerBenchConfig, device: torch.device, log=print) -> dict:
     """Run the bench; return the throughput/v1 payload (without writing it)."""
     for name in cfg.profiles:
-        get_profile(name)  # unknown names fail before any work
+        if _te_mode(name) is None:  # unknown names fail before any work
+            get_profile(name)
     t_start = time.perf_counter()
     cuda = device.type == "cuda"
     if cuda:
@@ -272,25 +322,40 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
     if ceiling is not None:
         log(f"cuBLAS bf16 {CEILING_SHAPE}^3: {ceiling:.0f} TFLOP/s (the MFU ceiling of this run)")
     model, opt, input_ids, labels = build(cfg, device)
+    copies, te_opt, skipped = te_models(cfg, model, log)
+    if te_opt is not None:
+        for m in (model, *copies.values()):  # both optimizers update the shared storage
+            track_optimizer(te_opt, m)
+            if m is not model:
+                track_optimizer(opt, m)
+    profiles = tuple(p for p in cfg.profiles if p not in skipped)
+    if not profiles:
+        raise ValueError(f"no profile left to time: every row was skipped ({skipped})")
     tokens = input_ids.numel()
     flops = model_flops(cfg.model_config(), *input_ids.shape)
-    P = len(cfg.profiles)
+    P = len(profiles)
 
     def one_round(r: int, timed: bool, samples: dict, peaks: dict):
         k = r % P
-        for name in cfg.profiles[k:] + cfg.profiles[:k]:  # rotate the starting profile every round
-            set_profile(model, name)
-            _set_step_seed(model, r, cfg.seed)
+        for name in profiles[k:] + profiles[:k]:  # rotate the starting profile every round
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            with Timer(device) as t:
-                learner_step(model, opt, input_ids, labels)
+            if name in copies:
+                from minite_core.peers.te_learner import te_train_step
+
+                with Timer(device) as t:
+                    te_train_step(copies[name], te_opt, input_ids, labels)
+            else:
+                set_profile(model, name)
+                _set_step_seed(model, r, cfg.seed)
+                with Timer(device) as t:
+                    learner_step(model, opt, input_ids, labels)
             if cuda and timed:  # timed steps only: warm-up may hold Triton autotuning buffers
                 peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device))
             if timed:
                 samples[name].append(t.elapsed_ms)
 
-    samples = {name: [] for name in cfg.profiles}
+    samples = {name: [] for name in profiles}
     peaks: dict[str, int] = {}
     round_s, warmup = 0.0, cfg.warmup
     for r in range(cfg.warmup):
@@ -305,7 +370,10 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
             break
 
     saved = {}
-    for name in cfg.profiles:  # counted after warm-up: kernels compiled, same weights as the timed steps
+    for name in profiles:  # counted after warm-up: kernels compiled, same weights as the timed steps
+        if name in copies:
+            saved[name] = saved_activation_bytes(copies[name], input_ids)
+            continue
         set_profile(model, name)
         saved[name] = saved_activation_bytes(model, input_ids)
         clear_weight_caches(model)  # no optimizer step follows: drop this profile's cached operands now
@@ -323,10 +391,10 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
             iters = r + 1
             break
     log(f"{iters} timed rounds, {time.perf_counter() - t_start:.1f} s total")
-    op_tables = {name: _op_profile(model, opt, input_ids, labels, name, log) for name in cfg.profiles} \
-        if cfg.op_profile else {}
+    op_tables = {name: _op_profile(model, opt, input_ids, labels, name, log) for name in profiles
+                 if name not in copies} if cfg.op_profile else {}
 
-    rows = _rows(cfg.profiles, samples, peaks, saved, tokens, flops, ceiling)
+    rows = _rows(profiles, samples, peaks, saved, tokens, flops, ceiling)
     by_name = {row["profile"]: row for row in rows}
 
     mcfg = cfg.model_config()
@@ -338,6 +406,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
               "gemm_ceiling": f"cuBLAS bf16 torch.mm {CEILING_SHAPE}^3, median of {CEILING_REPS}, same run",
               "loss": "next-token cross-entropy, token mean"}
     return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
+            "skipped": [{"profile": name, "reason": why} for name, why in skipped.items()],
             "targets": _check_targets(by_name, cuda), "paper": PAPER, **({"op_profile": op_tables} if op_tables else {})}
 
 

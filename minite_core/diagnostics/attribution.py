@@ -38,7 +38,7 @@ from minite_core.profiles import Profile, Quant, get_profile
 OPERANDS = ("weight", "activation", "grad")
 QUANT_FIELDS = tuple(f.name for f in dataclasses.fields(Quant))
 TOP_FIELDS = tuple(f.name for f in dataclasses.fields(Profile) if f.name not in ("name",) + OPERANDS)
-BACKWARD_ONLY = ("grad", "wgrad_rht")  # read only by QuantLinear's backward
+BACKWARD_ONLY = ("grad", "wgrad_rht", "wgrad_rht_dtype", "wgrad_input_scale_mode")  # read only by QuantLinear's backward
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,8 @@ def knobs_for(learner: Profile, sampler: Profile, target: Profile) -> list[Knob]
 def forward_key(profile: Profile) -> Profile:
     """The forward-relevant part of a profile (name and backward-only fields blanked): equal keys = equal
     forward numerics."""
-    return dataclasses.replace(profile, name="", grad=None, wgrad_rht=False)
+    return dataclasses.replace(profile, name="", grad=None, wgrad_rht=False, wgrad_rht_dtype="float32",
+                               wgrad_input_scale_mode="tensor")
 
 
 def attribute(measure: Callable[[Profile, Profile], dict], *, base=("te-nvfp4", "vllm-nvfp4"),

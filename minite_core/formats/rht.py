@@ -8,6 +8,11 @@ chunk before quantization.
 Bit-exactness: a matmul's fp32 summation order is up to the library. We define the transform as the fast
 Walsh-Hadamard butterfly (4 stages of pairwise add/sub on sign-flipped values, then the exact ×1/4), whose
 order is fixed; `rht_matrix()` gives the same map as a matrix for tests and kernels that prefer `tl.dot`.
+
+Output dtype (`dtype`, the profile's `wgrad_rht_dtype`): "float32" keeps the butterfly's fp32 result; "bfloat16"
+rounds it once to bf16 (RNE) before amax and quantization, as TE's reference does — reference_nvfp4.py
+`_apply_rht` multiplies in the input's dtype (bf16 activations and gradients), bitwise equal to this rounding
+on H200 (results/h200/te quantizer/rht_wgrad_bf16). Returned as fp32 either way.
 """
 from __future__ import annotations
 
@@ -31,8 +36,14 @@ def rht_matrix(device=None) -> torch.Tensor:
     return torch.diag(s) @ hadamard16(device) / 4
 
 
-def rht(x: torch.Tensor) -> torch.Tensor:
-    """Transform the last dimension (the GEMM reduction dim) in 16-chunks. Returns fp32 [..., K]."""
+RHT_DTYPES = ("float32", "bfloat16")
+
+
+def rht(x: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
+    """Transform the last dimension (the GEMM reduction dim) in 16-chunks, rounded to `dtype` (module docstring).
+    Returns fp32 [..., K]."""
+    if dtype not in RHT_DTYPES:
+        raise ValueError(f"RHT dtype must be one of {RHT_DTYPES}, got {dtype!r}")
     k = x.shape[-1]
     if k % RHT_CHUNK:
         raise ValueError(f"RHT needs the reduction dim to be a multiple of 16, got shape {tuple(x.shape)}")
@@ -44,4 +55,5 @@ def rht(x: torch.Tensor) -> torch.Tensor:
         a, b = v[..., 0, :], v[..., 1, :]
         v = torch.stack([a + b, a - b], dim=-2).reshape(*v.shape[:-3], RHT_CHUNK)
         h *= 2
-    return (v * 0.25).reshape(x.shape)
+    v = (v * 0.25).reshape(x.shape)
+    return v.bfloat16().float() if dtype == "bfloat16" else v

@@ -143,19 +143,21 @@ def quantize_dq(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: in
 def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: int | None = None,
                   rht: bool = False, *, emit_dq: bool = False, backend: str | None = None, **kwargs):
     """The along-token operand: x [T, C] -> (NVFP4Tensor of xᵀ [C, T] quantized along T, bf16 values or None).
-    Per-tensor scale (`amax` static or dynamic), or Triton only: col_amax= [T/16], seg_seed= (MoE experts)."""
+    Per-tensor scale (`amax` static or dynamic), or Triton only: col_amax= [T/16], seg_seed= (MoE experts).
+    scale_mode="row" (kwarg): one global scale per row of xᵀ (Profile.wgrad_input_scale_mode), on the plain
+    reference on every device: the Triton kernel has per-tensor / per-16-token-block scales only."""
+    scale_mode = kwargs.pop("scale_mode", "tensor")
     q = _quant_kwargs(quant, kwargs)
-    if not fast_path(x, backend):
+    q.pop("scale_mode")
+    if scale_mode != "tensor" or not fast_path(x, backend):
         from minite_core.kernels.reference import quantize_reference
 
-        q.pop("scale_mode")
-        return quantize_reference(x.t(), scale_mode="tensor", amax=amax, seed=seed, rht=rht, emit_dq=emit_dq,
+        return quantize_reference(x.t(), scale_mode=scale_mode, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq,
                                   check=False, **q)
     from minite_core.kernels.quantize_cols import quantize_cols_triton
 
     if tuple(q.pop("block")) != (1, 16):
         raise NotImplementedError("the along-token quantizer takes 1x16 blocks (every profile's wgrad operands)")
-    q.pop("scale_mode")
     return quantize_cols_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, **q)
 
 

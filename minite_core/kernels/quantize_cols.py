@@ -9,7 +9,7 @@ reduces along T inside registers (one 16-token block = 16 rows of the tile), and
 codes, scales and bf16 copy on their way out.
 
 Numerics are `quantize_triton`'s on xᵀ, bit for bit (same helpers: `_global_scales`, `_e4m3_rne`, `_e2m1_rne`,
-`_sr_magnitude`, the RHT butterfly order, and the SR stream `uniform_grid(seed, c, t)`): global scale per tensor
+`_sr_magnitude`, the RHT butterfly order (its result rounded to bf16 under `rht_dtype="bfloat16"`), and the SR stream `uniform_grid(seed, c, t)`): global scale per tensor
 (a scalar amax) or per 16-token block (`col_amax` [T/16], the MoE's per-expert scales); SR seeds either one
 seed or, per token, (seed, expert-local token index) arrays (`seg_seed`). No K loop: a tile holds whole blocks.
 """
@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from minite_core.formats import nvfp4 as ref
+from minite_core.formats.rht import RHT_DTYPES
 from minite_core.kernels.quantize import (
     ONE_SIXTH_FP32,
     _e2m1_mag,
@@ -46,8 +47,10 @@ def _rht_rows_stage(v, G: tl.constexpr, N: tl.constexpr, H: tl.constexpr, BC: tl
 
 
 @triton.jit
-def _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """x tile [BT, BC] (fp32), RHT'd along T in 16-token chunks when RHT (the reference's butterfly order)."""
+def _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """x tile [BT, BC] (fp32), RHT'd along T in 16-token chunks when RHT (the reference's butterfly order), the
+    result rounded to bf16 (RNE) when RHT_BF16 (formats.rht `dtype`)."""
     mask = (t[:, None] < T) & (c[None, :] < C)
     x = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_t + c[None, :].to(tl.int64) * stride_c, mask=mask,
                 other=0.0).to(tl.float32)
@@ -61,18 +64,20 @@ def _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT: tl.constexpr, BLOCK_T:
         v = _rht_rows_stage(v, G, 2, 4, BLOCK_C)
         v = _rht_rows_stage(v, G, 1, 8, BLOCK_C)
         x = tl.reshape(v * 0.25, [BLOCK_T, BLOCK_C])
+        if RHT_BF16:
+            x = x.to(tl.bfloat16).to(tl.float32)
     return x
 
 
 @triton.jit
-def _col_block_amax_kernel(x_ptr, out_ptr, T, C, stride_t, stride_c, RHT: tl.constexpr, BLOCK_T: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
+def _col_block_amax_kernel(x_ptr, out_ptr, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: tl.constexpr,
+                           BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """out[pid_c, j] = amax over the program's channels of |x| (after RHT) in 16-token block j."""
     G: tl.constexpr = BLOCK_T // 16
     pid_t, pid_c = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    x = _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT, BLOCK_T, BLOCK_C)
+    x = _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT, RHT_BF16, BLOCK_T, BLOCK_C)
     bamax = tl.max(tl.max(tl.reshape(tl.abs(x), [G, 16, BLOCK_C]), axis=1), axis=1)  # (G,)
     blk = pid_t * G + tl.arange(0, G)
     tl.store(out_ptr + pid_c.to(tl.int64) * (T // 16) + blk, bamax, mask=blk < T // 16)
@@ -83,14 +88,14 @@ def _quantize_cols_kernel(
     x_ptr, data_ptr, scale_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
     T, C, stride_t, stride_c, seed, row0, col0,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PER_BLOCK: tl.constexpr, FAST: tl.constexpr,
-    SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, EMIT_DQ: tl.constexpr,
+    SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, RHT_BF16: tl.constexpr, EMIT_DQ: tl.constexpr,
 ):
     # tile: tokens t (the reduction dim of xᵀ) x channels c (its rows); G = 16-token blocks in the tile
     G: tl.constexpr = BLOCK_T // 16
     pid_t, pid_c = tl.program_id(0), tl.program_id(1)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    x = _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT, BLOCK_T, BLOCK_C)  # (BT, BC)
+    x = _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT, RHT_BF16, BLOCK_T, BLOCK_C)  # (BT, BC)
     x3 = tl.reshape(x, [G, 16, BLOCK_C])
     bamax = tl.max(tl.abs(x3), axis=1)  # (G, BC)
     blk = pid_t * G + tl.arange(0, G)
@@ -145,21 +150,28 @@ def _quantize_cols_kernel(
 
 
 # ----------------------------------------------------------------------------------------------- launchers
-def col_block_amax(x: torch.Tensor, *, rht: bool = False, block_t: int = BLOCK_T_DEFAULT,
+def _rht_bf16(rht_dtype: str) -> bool:
+    if rht_dtype not in RHT_DTYPES:
+        raise ValueError(f"rht_dtype must be one of {RHT_DTYPES}, got {rht_dtype!r}")
+    return rht_dtype == "bfloat16"
+
+
+def col_block_amax(x: torch.Tensor, *, rht: bool = False, rht_dtype: str = "float32", block_t: int = BLOCK_T_DEFAULT,
                    block_c: int = BLOCK_C_DEFAULT) -> torch.Tensor:
-    """amax of |x| (after RHT along T) per 16-token block over all channels: fp32 [T/16]. x: [T, C]."""
+    """amax of |x| (after RHT along T, rounded to `rht_dtype`) per 16-token block over all channels: fp32 [T/16].
+    x: [T, C]."""
     t_len, c_len = x.shape
     grid = (triton.cdiv(t_len, block_t), triton.cdiv(c_len, block_c))
     out = torch.empty(grid[1], t_len // 16, dtype=torch.float32, device=x.device)
-    _col_block_amax_kernel[grid](x, out, t_len, c_len, x.stride(0), x.stride(1), RHT=rht, BLOCK_T=block_t,
-                                 BLOCK_C=block_c, num_warps=4)
+    _col_block_amax_kernel[grid](x, out, t_len, c_len, x.stride(0), x.stride(1), RHT=rht,
+                                 RHT_BF16=_rht_bf16(rht_dtype), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
     return out.amax(0)
 
 
 def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor | None = None, math: str = "exact",
                          rounding: str = "rne", seed: int | None = None, seg_seed=None, rht: bool = False,
-                         emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT, block_c: int = BLOCK_C_DEFAULT,
-                         four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0)):
+                         rht_dtype: str = "float32", emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT,
+                         block_c: int = BLOCK_C_DEFAULT, four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0)):
     """x [T, C] -> (NVFP4Tensor of xᵀ [C, T] with 1×16 blocks along T, bf16 e2m1(q)·sf [C, T] or None).
     Global scale: `col_amax` [T/16] per 16-token block (returned global_scale is then empty: the caller owns
     the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`).
@@ -181,7 +193,7 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
         amax_t, sdec = col_amax.to(dev, torch.float32).contiguous(), torch.empty(0, dtype=torch.float32, device=dev)
     else:
         if amax is None:
-            amax_t = col_block_amax(x, rht=rht, block_t=block_t, block_c=block_c).amax()
+            amax_t = col_block_amax(x, rht=rht, rht_dtype=rht_dtype, block_t=block_t, block_c=block_c).amax()
         else:
             amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax).to(dev, torch.float32).contiguous()
         sdec = torch.full((), 1.0, device=dev) / ref.global_encode_scale(amax_t)
@@ -190,7 +202,7 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
     _quantize_cols_kernel[grid](
         x, data, scale.view(torch.uint8), dq, amax_t, seeds, index, t_len, c_len, x.stride(0), x.stride(1),
         0 if seed is None else int(seed), row0, col0, BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None,
-        FAST=math == "fast", SR=rounding == "sr", SEG_SEED=seg_seed is not None, RHT=rht, EMIT_DQ=emit_dq,
-        num_warps=4)
+        FAST=math == "fast", SR=rounding == "sr", SEG_SEED=seg_seed is not None, RHT=rht, RHT_BF16=_rht_bf16(rht_dtype),
+        EMIT_DQ=emit_dq, num_warps=4)
     gs = sdec if col_amax is not None else sdec.reshape(())
     return ref.NVFP4Tensor(data=data, scale=scale, global_scale=gs), (dq if emit_dq else None)

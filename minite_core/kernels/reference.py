@@ -8,9 +8,10 @@ from minite_core.formats import nvfp4 as ref
 
 
 def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, rounding="rne", math="exact",
-                       seed=None, rht=False, emit_dq=False, check=True, four_over_six="off", sr_origin=(0, 0),
+                       seed=None, rht=False, rht_dtype="float32", emit_dq=False, check=True, four_over_six="off", sr_origin=(0, 0),
                        **_tiles):
-    """The plain torch reference behind the same signature (`formats`): RHT pre-pass, then `nvfp4.quantize`
+    """The plain torch reference behind the same signature (`formats`): RHT pre-pass (its output rounded to
+    `rht_dtype`, formats.rht), then `nvfp4.quantize`
     (or `four_over_six.quantize_4over6` when four_over_six is "mae" / "mse")."""
     from minite_core.formats.rht import rht as rht_fn
 
@@ -24,7 +25,7 @@ def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, roun
         return t, (ref.dequantize_unscaled(t).to(torch.bfloat16) if emit_dq else None)
     if rounding == "sr" and seed is None:
         raise ValueError("rounding='sr' needs an explicit integer seed (no hidden global RNG)")
-    x_in = rht_fn(x) if rht else x
+    x_in = rht_fn(x, rht_dtype) if rht else x
     t = ref.quantize(x_in, block=block, scale_mode=scale_mode, amax=amax, rounding=rounding, math=math,
                      seed=seed if rounding == "sr" else None, check=check, sr_origin=sr_origin)
     return t, (ref.dequantize_unscaled(t).to(torch.bfloat16) if emit_dq else None)

@@ -47,7 +47,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
                                   "profile or one process for an MoE model")
-    if dispatch.fast_path(x):
+    # per-channel xᵀ scales (Profile.wgrad_input_scale_mode="row") have no grouped kernel: the reference loop
+    if dispatch.fast_path(x) and profile.wgrad_input_scale_mode == "tensor":
         if profile.weight is None:  # no seeds, the cache holds this module's slice: expert_offset changes nothing
             return _grouped_bf16(x, weight, layout, profile, cache)
         if profile.activation is not None and profile.activation.static and input_amax is None:
@@ -174,7 +175,8 @@ def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, 
     return dispatch.grouped_decode_gemm(x, w_p, layout.offs, spec, amax, x.dtype, schedule=schedule)
 
 
-def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, emit_dq: bool = False):
+def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: str = "float32", seeds=None,
+                   emit_dq: bool = False):
     """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
     from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
     expert (E,))."""
@@ -183,9 +185,10 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, seeds=None, 
     block_expert = layout.cache.get("block_expert")
     if block_expert is None:
         block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
-    seg = _segment_amax(col_block_amax(x, rht=rht), block_expert, layout.num_experts)  # (E,)
+    seg = _segment_amax(col_block_amax(x, rht=rht, rht_dtype=rht_dtype), block_expert, layout.num_experts)  # (E,)
     seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
-    t, dq = dispatch.quantize_cols(x, spec, rht=rht, emit_dq=emit_dq, col_amax=seg[block_expert], seg_seed=seg_seed)
+    t, dq = dispatch.quantize_cols(x, spec, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, col_amax=seg[block_expert],
+                                   seg_seed=seg_seed)
     s_dec = torch.full_like(seg, 1.0) / global_encode_scale(seg)  # correctly rounded, as the kernel's div_rn
     return t, dq, s_dec
 
@@ -213,7 +216,7 @@ class _GroupedNVFP4(torch.autograd.Function):
         if profile.grad is not None and weight.requires_grad:
             spec = profile.activation or profile.grad
             x_t, _, s_xt = _quantize_cols(x.detach(), dataclasses.replace(spec, rounding="rne"), layout,
-                                          rht=profile.wgrad_rht)
+                                          rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
             saved = (x_t.data, x_t.scale, s_xt)
         ctx.save_for_backward(weight, *saved)
         return y
@@ -233,8 +236,8 @@ class _GroupedNVFP4(torch.autograd.Function):
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
             dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
         if ctx.needs_input_grad[1]:
-            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht, seeds=wgrad_seed(seeds),
-                                                emit_dq=True)
+            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
+                                                rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds), emit_dq=True)
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
             dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)

@@ -7,8 +7,9 @@ with fp32 accumulation — exactly what an NVFP4 tensor core computes, up to acc
 Backward, as TE's recipe lays it out (the reduction dim changes, so operands are re-quantized along it):
   dgrad  dx = dy W     dy quantized along N (grad spec, e.g. SR);  W re-quantized along N (Wᵀ rows).
                        With 16×16 weight tiles the transposed tiles have the same amax, so codes are reused.
-  wgrad  dW = dyᵀ x    both quantized along the token dim M (RHT on both first when `wgrad_rht`); dyᵀ with the
-                       grad spec, xᵀ with the activation spec's block/math, per-tensor scale, RNE.
+  wgrad  dW = dyᵀ x    both quantized along the token dim M (RHT on both first when `wgrad_rht`, rounded to
+                       `wgrad_rht_dtype`); dyᵀ with the grad spec, xᵀ with the activation spec's block/math,
+                       RNE, one global scale per tensor (or per row of xᵀ: `wgrad_input_scale_mode`).
 Only the column-wise (along-M) quantized xᵀ is saved for backward: ≈4.5 bits per element instead of 16.
 M is zero-padded (`_pad_tokens`) to a multiple of 16 for the along-M quantization (zero rows add nothing to dW).
 
@@ -171,13 +172,14 @@ def _plain_linear(x, weight, dtype, cache, invariant: bool = False):
     return _CastLinear.apply(x, weight, _cast_weight(weight, dtype, cache))
 
 
-def _shard_amax(x: torch.Tensor, shard: TokenShard | None, spec: Quant | None = None, *, rht: bool = False):
+def _shard_amax(x: torch.Tensor, shard: TokenShard | None, spec: Quant | None = None, *, rht: bool = False,
+                rht_dtype: str = "float32"):
     """The global amax of a token-sharded operand (nn.shard) under a dynamic per-tensor spec (spec=None: an
     along-token wgrad operand, always dynamic per tensor), else None (this tensor's own amax, computed by the
     quantizer: the single-process path)."""
     if shard is None or (spec is not None and (spec.scale_mode != "tensor" or spec.static)):
         return None
-    return global_amax(x, shard, rht=rht)
+    return global_amax(x, shard, rht=rht, rht_dtype=rht_dtype)
 
 
 class _NVFP4Linear(torch.autograd.Function):
@@ -185,6 +187,10 @@ class _NVFP4Linear(torch.autograd.Function):
     def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused):
         # x: (M, K) compute dtype; weight: (N, K) master dtype
         shard = current_shard()  # a data-parallel rank's token slice (nn.shard), or None
+        if shard is not None and profile.grad is not None and profile.wgrad_input_scale_mode != "tensor":
+            raise NotImplementedError(f"profile {profile.name!r}: wgrad_input_scale_mode="
+                                      f"{profile.wgrad_input_scale_mode!r} on a token shard (a per-channel amax "
+                                      "over ranks) is not implemented; run it on one process")
         if shard is not None and profile.grad is not None and x.shape[0] % 16:
             raise ValueError(f"a token shard of {x.shape[0]} tokens: the wgrad's 16-token blocks would straddle "
                              "ranks; give each rank a multiple of 16 tokens (rows x padded length)")
@@ -214,8 +220,9 @@ class _NVFP4Linear(torch.autograd.Function):
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
             spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
             x_p = _pad_tokens(x.detach())
-            x_t_q, _ = dispatch.quantize_cols(x_p, spec, rht=profile.wgrad_rht,
-                                              amax=_shard_amax(x_p.t(), shard, rht=profile.wgrad_rht))  # xᵀ (K, M')
+            rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
+            x_t_q, _ = dispatch.quantize_cols(x_p, spec, amax=_shard_amax(x_p.t(), shard, **rht),
+                                              scale_mode=profile.wgrad_input_scale_mode, **rht)  # xᵀ (K, M')
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
@@ -236,9 +243,10 @@ class _NVFP4Linear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dy_p = _pad_tokens(dy)
             origin = {} if shard is None else {"sr_origin": (0, shard.offset)}
+            rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
             dy_t, dy_t_bf16 = dispatch.quantize_cols(
-                dy_p, profile.grad, seed=wgrad_seed(seed), rht=profile.wgrad_rht, emit_dq=True,
-                amax=_shard_amax(dy_p.t(), shard, rht=profile.wgrad_rht), **origin)  # dyᵀ (N, M')
+                dy_p, profile.grad, seed=wgrad_seed(seed), emit_dq=True, amax=_shard_amax(dy_p.t(), shard, **rht),
+                **rht, **origin)  # dyᵀ (N, M')
             dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts)
             x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)

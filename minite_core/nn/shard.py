@@ -55,11 +55,11 @@ def token_shard(shard: TokenShard | None):
         _CURRENT.pop()
 
 
-def global_amax(x: torch.Tensor, shard: TokenShard, *, rht: bool = False) -> torch.Tensor:
+def global_amax(x: torch.Tensor, shard: TokenShard, *, rht: bool = False, rht_dtype: str = "float32") -> torch.Tensor:
     """amax of |x| over the global tensor that x (M, K) is a token shard of: fp32 [] (a collective: every rank
     calls it at the same point). rht: of the random-Hadamard-transformed rows (along K), as the quantizer sees
-    them — x is then the transposed (C, T) operand, whose RHT runs along tokens."""
+    them (rounded to `rht_dtype`) — x is then the transposed (C, T) operand, whose RHT runs along tokens."""
     from minite_core.formats.rht import rht as rht_fn
 
-    x = rht_fn(x) if rht else x
+    x = rht_fn(x, rht_dtype) if rht else x
     return shard.reduce_max(x.detach().float().abs().amax().reshape(()))

@@ -5,12 +5,13 @@
 writes results/<exp>/te/agreement.json (schema te/v1; every number measured in that run) and summary.md:
 - quantizer/*: TE's NVFP4QuantizerRef vs `formats` on the same CUDA tensor, bit for bit (fraction of codes and
   block scales equal): plain 1×16 / 16×16, `row_scaled_nvfp4` (= miniTE's per-token quantizer), 4over6, and the
-  RHT'd wgrad operand (TE's reference rotates in the input dtype, bf16; ours in fp32 — CPU test pins it).
+  RHT'd wgrad operand (TE's reference rotates in the input dtype, bf16: `rht_wgrad_bf16` is our
+  `wgrad_rht_dtype="bfloat16"`, te-nvfp4's; `rht_wgrad_fp32` the fp32 rotation, every other profile's).
 - gemm/<mode>/<M>x<K>x<N>/<out>/<sut>/{max_abs,rel,eq_bf16}: one GEMM forward output (fprop), dgrad, wgrad of a
   `te.Linear` under the mode vs (sut=ours) our `QuantLinear` under `mode.emulated_by` on the same bf16 input,
   fp32 weight and bf16 output gradient, and vs (sut=dataflow) TE's reference dataflow written with our `formats`
   (every operand quantized as NVFP4QuantizerRef quantizes it, RHT rounded to bf16, fp32 GEMM): what remains
-  between `ours` and `dataflow` is a knob of our profile, what remains between `dataflow` and TE is GEMM
+  between `ours` and `dataflow` is a knob of our profile (none left on CPU: tests/test_te_wgrad.py), what remains between `dataflow` and TE is GEMM
   rounding. rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 = fraction equal once both are in bf16 (TE's output
   dtype). quant_rel = ‖TE − exact‖ / ‖exact‖ (exact: the fp32 GEMM of the unquantized operands) sizes the
   quantization error the agreement is to be read against.

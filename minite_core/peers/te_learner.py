@@ -25,10 +25,13 @@ where `NVFP4BlockScaling` refuses (sm_100+). `nvfp4` is configured as `NVFP4Bloc
 custom_recipes/quantizer_factories.py `nvfp4_factory`: weights 16×16 2D, no RHT; inputs 1×16 with RHT; grads 1×16
 with RHT (TE applies RHT only to the column-wise copy, i.e. the wgrad operands); stochastic rounding on grads is
 the one default the reference cannot follow — NVFP4QuantizerRef has no SR option — so its grads are RNE, and it is
-compared with our te-nvfp4 profile at grad RNE (`emulated_by`). `nvfp4-rowscaled` is TE's `row_scaled_nvfp4`
+compared with our te-nvfp4 profile at grad RNE (`emulated_by`; te-nvfp4 rotates the wgrad operands in bf16 as
+TE does, `wgrad_rht_dtype`). `nvfp4-rowscaled` is TE's `row_scaled_nvfp4`
 (= NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True)), miniTE's
 per-token activations; `nvfp4-4over6` adds TE's 4over6 (nvfp4_4over6="all": weights and activations, E4M3
-bound 256, MAE; quantization.py `NVFP4BlockScalingRecipeState.make_quantizers`).
+bound 256, MAE; quantization.py `NVFP4BlockScalingRecipeState.make_quantizers`). row_scaled_nvfp4 also scales the
+column-wise xᵀ of wgrad per row of xᵀ, so their `emulated_by` set `wgrad_input_scale_mode="row"` (minite's own
+xᵀ is per tensor).
 
 Not here: TE's native NVFP4 kernels (sm_100+; this is the reference arithmetic run by TE's modules). The expert
 loop (one te.Linear per expert) is a Python loop with one host sync per grouped GEMM (`counts.tolist()`), as our
@@ -58,6 +61,8 @@ EXPERT_PATHS = ("per-expert", "grouped")
 
 _FP32_HEAD = PROFILES["bf16"].replace(name="bf16+fp32-router-head", router_dtype="float32", lm_head_dtype="float32")
 _GRAD_RNE = {"grad.rounding": "rne"}  # NVFP4QuantizerRef rounds gradients to nearest (no SR option)
+# row_scaled_nvfp4 scales TE's column-wise xᵀ per row of xᵀ (per input channel); minite's xᵀ is per tensor
+_TE_ROW_SCALED = {**_GRAD_RNE, "fused_weight_scale": False, "wgrad_input_scale_mode": "row"}
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,10 @@ MODES: dict[str, TEMode] = {m.name: m for m in (
     TEMode("nvfp4", "nvfp4-ref", emulated_by=PROFILES["te-nvfp4"].replace(name="te-nvfp4-rne", **_GRAD_RNE)),
     # miniTE's per-token activations; TE scales each Linear's weight alone, so our side drops the fused scales
     TEMode("nvfp4-rowscaled", "nvfp4-ref", host=_FP32_HEAD, weight_tile=(1, 16), rht=False, row_scaled=True,
-           emulated_by=PROFILES["minite"].replace(name="minite-unfused-rne", fused_weight_scale=False, **_GRAD_RNE)),
+           emulated_by=PROFILES["minite"].replace(name="minite-unfused-rne-rowxt", **_TE_ROW_SCALED)),
     TEMode("nvfp4-4over6", "nvfp4-ref", host=_FP32_HEAD, weight_tile=(1, 16), rht=False, row_scaled=True,
            four_over_six="mae", emulated_by=PROFILES["minite-4over6"].replace(
-               name="minite-4over6-unfused-rne", fused_weight_scale=False, **_GRAD_RNE)),
+               name="minite-4over6-unfused-rne-rowxt", **_TE_ROW_SCALED)),
 )}
 
 

@@ -65,6 +65,8 @@ def throughput_table(res: dict | str | Path) -> str:
         mem = _fmt_spec(r["peak_mem_gb"], ".1f")
         lines.append(f"| {r['profile']} | {tps} | {_fmt_spec(r.get('mfu'), '.3f')} | {r['step_ms']:.1f} | {ratios} | {mem} "
                      f"| {act} |")
+    for sk in res.get("skipped", []):  # rows that could not run here (bench/learner.py: TE rows without TE)
+        lines.append(f"| {sk['profile']} | not measured: {sk['reason']} | | | | | | | | |")
     if c.get("world_size"):  # the scale-out learner (bench.learner_dist): batch is per GPU
         lines += ["", f"Scale-out learner: {c['world_size']} ranks × {c['batch_per_gpu']} rows ({c['distributed']}); "
                       "tokens/s above are totals. Per GPU, and against the plain 1-process learner "
