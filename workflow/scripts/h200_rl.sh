@@ -23,7 +23,8 @@
 # starts the experiment over; what `collect` brought back of finished runs is the record.
 # Env: WORK (/tmp/minite-rl), CONFIG (experiments/h200.yaml), CORES (16), GPU_SLOTS (the config's
 #      gpu_slots: jobs that claim them all, the benchmarks, run alone), PYTHON (python3),
-#      FRESH=1 (start over: drop $WORK/repo/results/<exp>), OUT (collect), MINITE_COMMIT (default: git of $PWD).
+#      FRESH=1 (start over: drop $WORK/repo/results/<exp>), OUT (collect), MINITE_COMMIT (default: git of $PWD),
+#      TE_ENV (/tmp/te/env.sh: sourced by the job when it exists, i.e. after te_install_h200.sh).
 set -uo pipefail
 MODE=${1:?usage: h200_rl.sh start|sweep|wait|status|collect|stop [args]}
 shift
@@ -31,6 +32,7 @@ SRC=$PWD
 WORK=${WORK:-/tmp/minite-rl}
 REPO=$WORK/repo
 CONFIG=${CONFIG:-experiments/h200.yaml}
+TE_ENV=${TE_ENV:-/tmp/te/env.sh}
 PYTHON=$(command -v "${PYTHON:-python3}") || { echo "h200_rl.sh: no ${PYTHON:-python3} on PATH" >&2; exit 1; }
 # the copy in $WORK may have no git: results record the working tree's commit (results.env_info reads it)
 MINITE_COMMIT=${MINITE_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -66,7 +68,10 @@ launch() {  # $1: the job's shell command, run in $REPO under setsid; its pid (=
     fi
     echo "== job $(date -u +%FT%TZ): $1" | tee -a "$WORK/jobs.txt" >> "$WORK/snakemake.log"
     date +%s > "$WORK/job.start"
-    setsid nohup bash -c "echo \$\$ > '$WORK/job.pid'; cd '$REPO' && { $1; }; echo \$? > '$WORK/job.rc'" \
+    # Transformer Engine, once workflow/scripts/te_install_h200.sh finished (the bench's te:* learner rows need it)
+    local te=""
+    [ -f "$TE_ENV" ] && { te=". '$TE_ENV';"; echo "h200_rl.sh: with Transformer Engine ($TE_ENV)"; }
+    setsid nohup bash -c "echo \$\$ > '$WORK/job.pid'; $te cd '$REPO' && { $1; }; echo \$? > '$WORK/job.rc'" \
         >> "$WORK/snakemake.log" 2>&1 < /dev/null &
     for _ in $(seq 50); do [ -s "$WORK/job.pid" ] && break; sleep 0.1; done
     echo "started job $(cat "$WORK/job.pid") in $REPO (log $WORK/snakemake.log)"
