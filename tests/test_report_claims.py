@@ -100,9 +100,9 @@ def _peers(exp, nvfp4_ok: bool):
                                      "nvfp4_ok": nvfp4_ok})
 
 
-def _te(exp, k3: float):
-    write_result(exp / "te" / "agreement.json", stage="te", experiment=exp.name,
-                 config={"transformer_engine": "9.9", "modes": {
+def _te(exp, k3: float, model: str = ""):
+    write_result(exp / "te" / model / "agreement.json", stage="te", experiment=exp.name,
+                 config={"transformer_engine": "9.9", "checkpoint": model or "random", "modes": {
                      "bf16": {"recipe": "none", "emulated_by": "bf16"},
                      "nvfp4": {"recipe": "nvfp4-ref", "emulated_by": "te-nvfp4-rne"}}},
                  metrics={"e2e/nvfp4/ours-vs-te/k3": k3, "e2e/nvfp4/ours-vs-te/max_abs_delta": 0.5,
@@ -127,6 +127,11 @@ def test_claim_e_every_verdict(tmp_path):
     assert claims.claim_e(exp)[1] == "not supported"
     _te(exp, k3=1e-4)
     assert claims.claim_e(exp)[1] == "partly"
+    _peers(exp, nvfp4_ok=True)
+    assert claims.claim_e(exp)[1] == "supported"
+    _te(exp, k3=0.04, model="checkpoint")  # a trained model's agreement is the one claim (e) reads
+    text, verdict = claims.claim_e(exp)
+    assert verdict == "partly" and "model: checkpoint" in text and "= 0.040" in text
 
 
 def test_empty_results_build_and_every_claim_is_not_run(tmp_path):
@@ -154,6 +159,18 @@ def test_te_section_from_agreement(tmp_path):
     assert "| nvfp4/8x16x8 | te-nvfp4-rne | fprop | 0.100 | 1.000e-05 | 0.9996 | – | – |" in text  # not 1.000
     assert "| nvfp4 | te-nvfp4-rne | 0.070 | 0.500 | – | 1.500 |" in text
     assert "1 of 2 cases ok; failed: `grouped/fp8/all` (RuntimeError)" in text
+    assert "End to end on a trained model" not in text and "4over6 block scales" not in text
+    _te(tmp_path, k3=0.03, model="checkpoint")
+    write_result(tmp_path / "te" / "diag-4over6" / "mismatch.json", stage="diagnostics", experiment="t", config={},
+                 metrics={"minite-4over6:minite-4over6": {"mismatch/k3": 6.5e-5, "mismatch/k3_se": 3e-5}})
+    (tmp_path / "te" / "learner.json").write_text(json.dumps({  # bench learner's payload (no metrics key)
+        "config": {"layers": 2}, "env": {"commit": "c0ffee"},
+        "rows": [{"profile": "te:bf16", "tokens_per_s": 10.0, "speedup_vs_bf16": 0.2}],
+        "skipped": [{"profile": "te:fp8-block", "reason": "no TE here"}]}))
+    text = section_te(tmp_path)
+    assert "**End to end on a trained model** (checkpoint, " in text and "| nvfp4 | te-nvfp4-rne | 0.030 |" in text
+    assert "| minite-4over6:minite-4over6 | 6.500e-05 | 3.000e-05 | – | – | – |" in text
+    assert "| te:bf16 | 10.000 | 0.200 | – | – |" in text and "`te:fp8-block` skipped: no TE here" in text
     (tmp_path / "te" / "agreement.json").write_text(json.dumps({"schema": "eval/v1"}))
     with pytest.raises(ValueError, match="is not te/v1"):
         section_te(tmp_path)

@@ -16,7 +16,7 @@ from minite_core.report.claims import HEALTHY_K3, section_claims
 from minite_core.report.common import fmt as _fmt, load as _load, table as _table, vllm_peer_dir
 from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table
 from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
-from minite_core.report.te import section_te
+from minite_core.report.te import load_agreement, section_te
 
 PAIR_LABELS = {
     "bf16:bf16": "BF16 ↔ BF16",
@@ -69,10 +69,23 @@ def section_header(results: Path) -> str:
               "- **Emulated:** Transformer Engine's NVFP4 recipe (`te-nvfp4`: 16×16 weights, SR gradients, RHT on "
               "wgrad operands) and vLLM's numerics (`vllm-nvfp4`: static calibrated activation scales, fast-math "
               "quantizer; `vllm-marlin-w4a16`: Hopper fallback) are execution profiles run by this project's "
-              "kernels, not TE's or vLLM's software. TE needs sm_100+; vLLM does not fit the GPU machine. The "
-              "vLLM profile is checked against real vLLM on CPU (section *Real peers*).",
+              "kernels, not TE's or vLLM's software, in every RL run, diagnostics pair, evaluation and throughput "
+              "row named by a profile. vLLM's CUDA build does not fit the GPU machine: the vLLM profile is checked "
+              "against real vLLM on CPU (section *Real peers*).",
+              _te_line(results),
               "- Profiles: " + ", ".join(f"`{n}`" for n in PROFILES) + ".", ""]
     return "\n".join(lines)
+
+
+def _te_line(results: Path) -> str:
+    if load_agreement(results) is None and load_agreement(results, "checkpoint") is None:
+        return ("- **Real Transformer Engine:** not run here (a CUDA GPU with TE 2.20: "
+                "`python -m minite_core.peers.te_compare run`); every TE number is the `te-nvfp4` emulation.")
+    return ("- **Real Transformer Engine:** only the section *Transformer Engine on the H200* (te/) and the `te:*` "
+            "learner rows are TE 2.20's own software: its modules (te.Linear) and recipes — FP8 natively on "
+            "Hopper; NVFP4 only through TE's pure-torch reference quantizer `NVFP4QuantizerRef` under a "
+            "`CustomRecipe`, since TE's native NVFP4 kernels need sm_100+ (Blackwell). TE's native NVFP4 GEMM "
+            "has not run anywhere in this report.")
 
 
 def section_throughput(results: Path) -> str:

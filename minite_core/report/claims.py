@@ -29,7 +29,7 @@ from minite_core.profiles import PROFILES
 from minite_core.report.common import fmt, load, table, vllm_peer_dir
 from minite_core.report.rl import claim_c_verdict, load_summaries, pair_results
 from minite_core.report.tables import WHY_NOT_HOPPER
-from minite_core.report.te import HEAD as TE_HEAD, load_agreement, te_nvfp4_agreement
+from minite_core.report.te import HEAD as TE_HEAD, claim_agreement, te_nvfp4_agreement
 
 HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 REFERENCE_PAIR, ALIGNED_PAIR, ONPOLICY_PAIR = "bf16:bf16", "minite:minite", "minite-onpolicy:minite-onpolicy"
@@ -154,7 +154,8 @@ def _te_part(agreement: dict | None) -> tuple[str, bool | None]:
     te = te_nvfp4_agreement(agreement) if agreement else None
     if te is None:
         return "real TE: not run", None
-    return (f"real TE {agreement['config'].get('transformer_engine')} ({agreement['env'].get('gpu')}): "
+    return (f"real TE {agreement['config'].get('transformer_engine')} ({agreement['env'].get('gpu')}; model: "
+            f"{agreement['config'].get('checkpoint')}): "
             f"k3(our te-nvfp4 emulation ↔ TE `{te['mode']}`) = {fmt(te['k3'])}, max abs Δ {fmt(te['max_abs_delta'])} "
             f"(TE's own NVFP4 ↔ BF16 k3: {fmt(te['te_quant_k3'])}; threshold {HEALTHY_K3:g})",
             te["k3"] <= HEALTHY_K3)
@@ -162,7 +163,7 @@ def _te_part(agreement: dict | None) -> tuple[str, bool | None]:
 
 def claim_e(results: Path) -> tuple[str, str]:
     """(measured, verdict) of claim (e) from the vLLM peer's ratios.json and te/agreement.json (module docstring)."""
-    parts = [_vllm_part(load(vllm_peer_dir(results) / "ratios.json")), _te_part(load_agreement(results))]
+    parts = [_vllm_part(load(vllm_peer_dir(results) / "ratios.json")), _te_part(claim_agreement(results))]
     passed = [ok for _, ok in parts if ok is not None]
     return "; ".join(text for text, _ in parts), _share(passed) if passed else NOT_RUN
 

@@ -1,8 +1,13 @@
-"""The report's Transformer Engine section, from `results/<exp>/te/agreement.json` (schema te/v1) alone.
-
-`minite_core.peers.te_compare` runs real TE on a GPU and writes that file (and its own summary.md); the report may
-not import the peer (report/ reads only the results contract: tests/test_layers.py), so the tables are built here
-from the metric keys te_compare documents:
+"""The report's Transformer Engine section, from the files under `results/<exp>/te/`:
+- `agreement.json` (schema te/v1): `minite_core.peers.te_compare run` on a random model of the RL shape;
+- `checkpoint/agreement.json` (te/v1, optional): the same on a trained checkpoint (`--checkpoint`, the DAG's base
+  model): the end-to-end numbers claim (e) reads when present — a trained model's log-probs are what RL sees;
+- `diag-4over6/mismatch.json` (diagnostics, optional): `minite diagnose` of the 4over6 profile beside bf16 and
+  minite (reference kernels: the only backend with 4over6);
+- `learner.json` (bench/learner, optional): a learner bench with the real-TE rows (te:*) when they were measured
+  apart from the DAG's throughput stage (results/h200/README.md says when and why).
+The report may not import the peer (report/ reads only the results contract: tests/test_layers.py), so the tables
+are built here from the metric keys te_compare documents:
 - `quantizer/<variant>/{codes_equal,scales_equal}`: TE's NVFP4QuantizerRef vs our formats, bit for bit;
 - `gemm/<mode>/<M>x<K>x<N>/<fprop|dgrad|wgrad>/{quant_rel, ours/{rel,max_abs,eq_bf16}, dataflow/{rel,eq_bf16}}`;
 - `e2e/<mode>/{ours-vs-te,te-vs-te-bf16}/{k3,max_abs_delta,argmax_flip,...}`: learner log-probs end to end.
@@ -17,12 +22,19 @@ from minite_core.report.common import load, table
 HEAD = "## Transformer Engine on the H200 (real TE vs our te-nvfp4 emulation)\n\n"
 
 
-def load_agreement(results: Path) -> dict | None:
-    res = load(results / "te" / "agreement.json")
+def load_agreement(results: Path, model: str = "") -> dict | None:
+    """te/agreement.json (model "": the random model) or te/<model>/agreement.json ("checkpoint")."""
+    path = results / "te" / model / "agreement.json"
+    res = load(path)
     if res is not None and res.get("schema") != "te/v1":
-        raise ValueError(f"{results / 'te' / 'agreement.json'}: schema {res.get('schema')!r} is not te/v1; rerun "
+        raise ValueError(f"{path}: schema {res.get('schema')!r} is not te/v1; rerun "
                          "`python -m minite_core.peers.te_compare run`")
     return res
+
+
+def claim_agreement(results: Path) -> dict | None:
+    """The te/v1 result claim (e) reads: the trained checkpoint's when there is one, else the random model's."""
+    return load_agreement(results, "checkpoint") or load_agreement(results)
 
 
 def _bases(metrics: dict, prefix: str, suffix: str) -> list[str]:
@@ -100,7 +112,50 @@ def section_te(results: Path) -> str:
                      "ours eq bf16", "dataflow vs TE rel", "dataflow eq bf16"], _gemm_rows(m, emulated_by))
             + "\n**End to end** — learner log-probs of the same tokens (k3 as in the mismatch section); the last "
             "column is TE's own quantization effect, TE <mode> vs TE bf16:\n\n"
-            + table(["TE mode", "our profile", "k3 ours vs TE", "max abs Δ", "argmax flip", "k3 TE mode vs TE bf16"],
-                    _e2e_rows(m, emulated_by))
-            + "\n" + _probe_line(res.get("grouped_probe") or {}) + errors)
+            + table(E2E_HEADER, _e2e_rows(m, emulated_by)) + _section_checkpoint(results, emulated_by)
+            + "\n" + _probe_line(res.get("grouped_probe") or {}) + errors
+            + _section_4over6(results) + _section_learner(results))
+
+
+E2E_HEADER = ["TE mode", "our profile", "k3 ours vs TE", "max abs Δ", "argmax flip", "k3 TE mode vs TE bf16"]
+
+
+def _section_checkpoint(results: Path, emulated_by: dict) -> str:
+    res = load_agreement(results, "checkpoint")
+    if res is None:
+        return ""
+    c, env = res["config"], res.get("env", {})
+    return (f"\n**End to end on a trained model** ({c.get('checkpoint')}, {c.get('prompts')} prompts, commit "
+            f"`{env.get('commit')}`; te/checkpoint/): the numbers claim (e) reads.\n\n"
+            + table(E2E_HEADER, _e2e_rows(res["metrics"], emulated_by)))
+
+
+def _section_4over6(results: Path) -> str:
+    res = load(results / "te" / "diag-4over6" / "mismatch.json")
+    if res is None:
+        return ""
+    env = res.get("env", {})
+    rows = [[pair, v.get("mismatch/k3"), v.get("mismatch/k3_se"), v.get("mismatch/max_abs_delta"),
+             v.get("mismatch/kl_full_vocab"), v.get("routing/topk_disagree")] for pair, v in res["metrics"].items()]
+    return ("\n**TE's 4over6 block scales as a profile** (`minite-4over6`: miniTE with TE 2.20's 4over6 block-scale "
+            "choice, formats/four_over_six.py, bitwise equal to TE's reference in the quantizer table above): "
+            f"learner ↔ sampler mismatch on the base model (te/diag-4over6/, kernels {env.get('kernels')}, commit "
+            f"`{env.get('commit')}`); its SQNR is in the quantization-error section (math `4over6-mae`).\n\n"
+            + table(["pair", "k3", "k3 SE", "max abs Δ", "KL full vocab", "routing top-k disagree"], rows))
+
+
+def _section_learner(results: Path) -> str:
+    res = load(results / "te" / "learner.json")
+    if res is None:
+        return ""
+    c, env = res["config"], res.get("env", {})
+    rows = [[r["profile"], r.get("tokens_per_s"), r.get("speedup_vs_bf16"), r.get("mfu"), r.get("peak_mem_gb")]
+            for r in res["rows"]]
+    skipped = "".join(f"\n- `{s['profile']}` skipped: {s['reason']}" for s in res.get("skipped") or [])
+    return (f"\n**Learner update with the real-TE rows** (te/learner.json: `minite bench learner`, {c.get('layers')} "
+            f"layers of {c.get('model')}, batch {c.get('batch')} × {c.get('seq')}, one run, commit "
+            f"`{env.get('commit')}`). A te:* row is our model with its decoder GEMMs as TE modules — one te.Linear "
+            "per expert, a Python loop with a host sync per grouped GEMM, not te.GroupedLinear — so it is the cost "
+            "of TE's per-GEMM recipe, not of a tuned TE MoE layer:\n\n"
+            + table(["row", "tokens/s", "× bf16", "MFU", "peak GB"], rows) + skipped + "\n")
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, once workflow/scripts/te_install_h200.sh --final has run: the Transformer Engine checks of
-# issue 23, in the background beside the DAG (`h200_rl.sh start`; none of this is timed). Writes into $TE_OUT
-# (default /tmp/minite-te): te-tests.log, te/ (te_compare on a random model of the RL shape), te-ckpt/ (te_compare on
-# the DAG's SFT base model), diag-4over6/ (diagnostics of the 4over6 profile on that model: the reference kernels,
-# the only backend with 4over6), h200_te.log; `done` when finished.
+# issue 23, in the background beside the DAG (`h200_rl.sh start`; none of this is timed). Writes the layout
+# results/<exp>/te/ that the report reads (minite_core/report/te.py) into $TE_OUT (default /tmp/minite-te):
+# te-tests.log, agreement.json + summary.md (te_compare on a random model of the RL shape), checkpoint/ (te_compare
+# on the DAG's SFT base model), diag-4over6/ (diagnostics of the 4over6 profile on that model: the reference
+# kernels, the only backend with 4over6; the eager fast sampler: the reference kernels sync with the host, so no
+# CUDA graph), h200_te.log; `done` when finished. Copy it to results/<exp>/te/ here.
 #
 #   setsid nohup bash workflow/scripts/h200_te.sh > /dev/null 2>&1 &      # repo root; MINITE_COMMIT set
 # Env: TE_OUT, BASE (the base model; default the h200_rl.sh copy's results/h200/pretrain/model: waited for),
@@ -19,10 +21,11 @@ exec > "$OUT_DIR/h200_te.log" 2>&1
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 step() { echo "== $(date -u +%T) $*"; "$@"; echo "== rc=$?"; }
 step python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_te_peer.py -rs > "$OUT_DIR/te-tests.log" 2>&1
-step python3 -m minite_core.peers.te_compare run --out "$OUT_DIR/te"
+step python3 -m minite_core.peers.te_compare run --out "$OUT_DIR"
 for _ in $(seq 120); do [ -f "$WORK_RESULTS/pretrain/pretrain.json" ] && break; sleep 5; done   # the DAG's base model, finished
-step python3 -m minite_core.peers.te_compare run --out "$OUT_DIR/te-ckpt" --checkpoint "$BASE" --skip-probe
+step python3 -m minite_core.peers.te_compare run --out "$OUT_DIR/checkpoint" --checkpoint "$BASE" --skip-probe
 step python3 -m minite_core.cli diagnose --checkpoint "$BASE" --prompts "$DATA/heldout.jsonl" --calib "$DATA/train.jsonl" \
     --pairs bf16:bf16,minite:minite,minite-4over6:minite-4over6 --num-prompts 64 --max-new-tokens 64 \
-    --device cuda --kernels reference --experiment h200 --out "$OUT_DIR/diag-4over6/mismatch.json"
+    --device cuda --kernels reference --sampler-engine fast-eager --experiment h200 \
+    --out "$OUT_DIR/diag-4over6/mismatch.json"
 touch "$OUT_DIR/done"
