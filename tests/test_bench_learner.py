@@ -13,7 +13,7 @@ from torch import nn
 from minite_core.bench import learner
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.cli import main as bench_main
-from minite_core.bench.timing import Stats, Timer, bench, percentile
+from minite_core.bench.timing import Stats, Timer, bench, percentile, round_robin, timed_rounds
 from minite_core.report.tables import throughput_table
 
 PROFILES = ("bf16", "te-nvfp4", "minite")
@@ -123,6 +123,13 @@ def test_timing_helpers():
     calls = []
     stats = bench(lambda: calls.append(1), warmup=2, reps=3)
     assert len(calls) == 5 and stats.n == 3
+    order, samples, peaks = [], {"a": [], "b": [], "c": []}, {}
+    for r in range(4):  # the starting name rotates; prepare (untimed) before each step; samples only when given
+        round_robin("abc", r, lambda n: lambda: order.append(n), "cpu", samples if r >= 2 else None, peaks)
+    assert "".join(order) == "abc" "bca" "cab" "abc"
+    assert [len(v) for v in samples.values()] == [2, 2, 2] and peaks == {}  # CPU: no allocator statistics
+    assert (timed_rounds(10, 100.0, 0.0), timed_rounds(10, 100.0, 20.0), timed_rounds(10, 1.0, 20.0),
+            timed_rounds(2, 1.0, 20.0)) == (10, 5, 3, 2)
 
 
 def test_te_rows_skipped_with_the_reason_without_te():

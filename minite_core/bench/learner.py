@@ -72,7 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from minite_core.bench.saved_activations import saved_activation_bytes
-from minite_core.bench.timing import Stats, Timer
+from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.model import PRESETS, CausalLM, set_profile
 from minite_core.nn import clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
@@ -216,6 +216,7 @@ class OptimizerSwap:
             torch.cuda.synchronize()  # sync point: the copies are done before the step's timer starts
 
     def park(self, opt: torch.optim.Optimizer) -> None:
+        """Move `opt`'s state tensors to CPU memory (asynchronous from a GPU: `activate` synchronises)."""
         homes = []
         for state in opt.state.values():
             for key, t in state.items():
@@ -398,35 +399,27 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
         raise ValueError(f"no profile left to time: every row was skipped ({skipped})")
     tokens = input_ids.numel()
     flops = model_flops(cfg.model_config(), *input_ids.shape)
-    P = len(profiles)
 
-    def one_round(r: int, timed: bool, samples: dict, peaks: dict):
-        k = r % P
-        for name in profiles[k:] + profiles[:k]:  # rotate the starting profile every round
-            swap.activate(te_opt if name in copies else opt)  # untimed: one AdamW state on the device at a time
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
+    def one_round(r: int, timed: bool):  # peaks of timed steps only: warm-up may hold Triton autotuning buffers
+        def prepare(name):  # untimed: this row's optimizer state onto the device, profile, SR seeds
             if name in copies:
                 from minite_core.peers.te_learner import te_train_step
 
-                with Timer(device) as t:
-                    te_train_step(copies[name], te_opt, input_ids, labels)
-            else:
-                set_profile(model, name)
-                _set_step_seed(model, r, cfg.seed)
-                with Timer(device) as t:
-                    learner_step(model, opt, input_ids, labels)
-            if cuda and timed:  # timed steps only: warm-up may hold Triton autotuning buffers
-                peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device))
-            if timed:
-                samples[name].append(t.elapsed_ms)
+                swap.activate(te_opt)
+                return lambda: te_train_step(copies[name], te_opt, input_ids, labels)
+            swap.activate(opt)
+            set_profile(model, name)
+            _set_step_seed(model, r, cfg.seed)
+            return lambda: learner_step(model, opt, input_ids, labels)
+
+        round_robin(profiles, r, prepare, device, samples if timed else None, peaks)
 
     samples = {name: [] for name in profiles}
     peaks: dict[str, int] = {}
     round_s, warmup = 0.0, cfg.warmup
     for r in range(cfg.warmup):
         t0 = time.perf_counter()
-        one_round(r, False, samples, peaks)
+        one_round(r, False)
         round_s = time.perf_counter() - t0
         log(f"warm-up round {r + 1}/{cfg.warmup}: {round_s:.2f} s")
         # budget: keep room for the saved-activation forwards (~1/3 round) and 3 timed rounds
@@ -446,12 +439,9 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
     if cuda:
         torch.cuda.synchronize(device)
 
-    iters = cfg.iters
-    if round_s > 0:  # cap the timed rounds so the whole bench stays within budget_s (at least 3 rounds)
-        left = cfg.budget_s - (time.perf_counter() - t_start)
-        iters = max(min(3, cfg.iters), min(cfg.iters, int(left / round_s)))
+    iters = timed_rounds(cfg.iters, cfg.budget_s - (time.perf_counter() - t_start), round_s)  # within budget_s
     for r in range(iters):
-        one_round(warmup + r, True, samples, peaks)
+        one_round(warmup + r, True)
         if r + 1 >= 3 and time.perf_counter() - t_start > cfg.budget_s:
             log(f"budget {cfg.budget_s:.0f} s reached after {r + 1} timed rounds")
             iters = r + 1
