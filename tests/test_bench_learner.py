@@ -13,7 +13,7 @@ from torch import nn
 from minite_core.bench import learner
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.cli import main as bench_main
-from minite_core.bench.timing import Stats, Timer, bench, percentile
+from minite_core.bench.timing import Stats, Timer, bench, percentile, round_robin, timed_rounds
 from minite_core.report.tables import throughput_table
 
 PROFILES = ("bf16", "te-nvfp4", "minite")
@@ -123,6 +123,13 @@ def test_timing_helpers():
     calls = []
     stats = bench(lambda: calls.append(1), warmup=2, reps=3)
     assert len(calls) == 5 and stats.n == 3
+    order, samples, peaks = [], {"a": [], "b": [], "c": []}, {}
+    for r in range(4):  # the starting name rotates; prepare (untimed) before each step; samples only when given
+        round_robin("abc", r, lambda n: lambda: order.append(n), "cpu", samples if r >= 2 else None, peaks)
+    assert "".join(order) == "abc" "bca" "cab" "abc"
+    assert [len(v) for v in samples.values()] == [2, 2, 2] and peaks == {}  # CPU: no allocator statistics
+    assert (timed_rounds(10, 100.0, 0.0), timed_rounds(10, 100.0, 20.0), timed_rounds(10, 1.0, 20.0),
+            timed_rounds(2, 1.0, 20.0)) == (10, 5, 3, 2)
 
 
 def test_te_rows_skipped_with_the_reason_without_te():
@@ -143,3 +150,153 @@ def test_te_rows_skipped_with_the_reason_without_te():
         learner.run(learner.resolve_config("tiny", cpu, profiles=("bf16", "te:nope")), cpu)
     with pytest.raises(ValueError, match="no profile left"):
         learner.run(learner.resolve_config("tiny", cpu, profiles=("te:bf16",), warmup=1, iters=1), cpu)
+
+
+# ---- one AdamW state on the device at a time (OptimizerSwap) ----------------------------------------------
+def _two_optimizers(device="cpu", fused=False):
+    """As the bench: AdamW over (W (E, N, K), a dense d) and a second AdamW over W's per-expert views and d."""
+    g = torch.Generator().manual_seed(0)
+    w = nn.Parameter(torch.randn(3, 4, 5, generator=g).to(device))
+    d = nn.Parameter(torch.randn(6, generator=g).to(device))
+    views = [nn.Parameter(w.data[e]) for e in range(3)]
+    kw = {"fused": True} if fused else {}
+    return (torch.optim.AdamW([w, d], lr=1e-2, **kw), torch.optim.AdamW([*views, d], lr=1e-2, **kw))
+
+
+def _step(opt, k):
+    g = torch.Generator().manual_seed(k)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            p.grad = torch.randn(p.shape, generator=g).to(p.device)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _state(opt):
+    return [(k, v.clone()) for s in opt.state.values() for k, v in s.items()]
+
+
+def _assert_same_state(ref, opt):
+    sut = [(k, v) for s in opt.state.values() for k, v in s.items()]
+    assert [k for k, _ in ref] == [k for k, _ in sut]
+    for (_, r), (_, s) in zip(ref, sut):
+        assert r.device == s.device and r.dtype == s.dtype
+        torch.testing.assert_close(s, r, atol=0, rtol=0)
+
+
+def _swap_round_trip(device, fused):
+    a, b = _two_optimizers(device, fused)
+    _step(a, 1), _step(b, 2)
+    ref_a, ref_b = _state(a), _state(b)
+    swap = learner.OptimizerSwap(a, b)
+    exp_avg = next(iter(b.state.values()))["exp_avg"]
+    swap.activate(a)  # b parked: its state tensors are new CPU copies, a's are where they were
+    parked = next(iter(b.state.values()))["exp_avg"]
+    assert parked is not exp_avg and parked.device.type == "cpu" and parked.is_pinned() == (device != "cpu")
+    _assert_same_state(ref_a, a)
+    swap.activate(b), swap.activate(a), swap.activate(b)
+    _assert_same_state(ref_a, a), _assert_same_state(ref_b, b)  # bitwise after the round trips, home devices
+
+    ref = _two_optimizers(device, fused)  # stepping after round trips == stepping without them
+    _step(ref[0], 1), _step(ref[1], 2)
+    for k, i in enumerate((0, 1, 1, 0, 1)):
+        _step(ref[i], 3 + k)
+        swap.activate((a, b)[i])
+        _step((a, b)[i], 3 + k)
+    for o_ref, o_sut in zip(ref, (a, b)):
+        swap.activate(o_sut)
+        _assert_same_state(_state(o_ref), o_sut)
+        for p_ref, p_sut in zip(o_ref.param_groups[0]["params"], o_sut.param_groups[0]["params"]):
+            torch.testing.assert_close(p_sut, p_ref, atol=0, rtol=0)
+    return swap
+
+
+def test_optimizer_swap_round_trip_is_bitwise():
+    _swap_round_trip("cpu", fused=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_optimizer_swap_frees_the_idle_state():
+    swap = _swap_round_trip("cuda", fused=True)  # fused AdamW: its `step` tensors live on the GPU too
+    a, b = swap.optimizers
+    assert swap.active is b and a in swap.homes
+    before = torch.cuda.memory_allocated()
+    swap.park(b)
+    state_bytes = sum(v.numel() * v.element_size() for s in b.state.values() for v in s.values())
+    assert before - torch.cuda.memory_allocated() >= state_bytes  # b's device copies freed (blocks round up)
+    swap.activate(a)
+    assert all(v.is_cuda for s in a.state.values() for v in s.values())
+
+
+@pytest.fixture
+def fake_te_bench(monkeypatch):
+    """The TE stand-in (tests/fake_te.py, as tests/test_te_peer.py's `fake`), available for the bench on CPU."""
+    import sys
+
+    from minite_core.peers import te_learner
+    from tests import fake_te
+
+    for name, module in fake_te.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
+    monkeypatch.setattr(te_learner, "_require_cuda_model", lambda model: None)
+    return te_learner
+
+
+def test_te_rows_run_with_only_the_active_optimizer_state(fake_te_bench, monkeypatch):
+    """Our rows and a TE row (stand-in) in one run: every step finds its own optimizer active and the other parked."""
+    swaps, seen = [], []
+
+    class Recording(learner.OptimizerSwap):
+        def __init__(self, *opts):
+            super().__init__(*opts)
+            swaps.append(self)
+
+    def checked(step):
+        def run(model, opt, *args):
+            (swap,) = swaps
+            seen.append(swap.active is opt and all(o in swap.homes for o in swap.optimizers if o is not opt))
+            return step(model, opt, *args)
+        return run
+
+    monkeypatch.setattr(learner, "OptimizerSwap", Recording)
+    monkeypatch.setattr(learner, "learner_step", checked(learner.learner_step))
+    monkeypatch.setattr(fake_te_bench, "te_train_step", checked(fake_te_bench.te_train_step))
+    cpu = torch.device("cpu")
+    cfg = learner.resolve_config("tiny", cpu, profiles=("bf16", "te:bf16", "minite", "te:fp8-current"), warmup=1,
+                                 iters=2)
+    payload = learner.run(cfg, cpu, log=lambda s: None)
+    assert [r["profile"] for r in payload["rows"]] == ["bf16", "te:bf16", "minite"]
+    assert [s["profile"] for s in payload["skipped"]] == ["te:fp8-current"]  # the stand-in has no FP8
+    assert len(swaps[0].optimizers) == 2 and len(seen) == 3 * 3 and all(seen)
+
+
+@pytest.mark.gpu
+def test_gpu_bench_with_te_rows():
+    """Our rows and real TE rows in one run on the GPU (tiny model): every row timed, peak memory recorded."""
+    from minite_core.peers import te_learner
+
+    ok, why = te_learner.available()
+    if not ok:
+        pytest.skip(why)
+    cuda = torch.device("cuda")
+    cfg = learner.resolve_config("tiny", cuda, profiles=("bf16", "te:bf16", "minite"), warmup=1, iters=2)
+    payload = learner.run(cfg, cuda, log=lambda s: None)
+    assert [r["profile"] for r in payload["rows"]] == ["bf16", "te:bf16", "minite"]
+    assert all(r["peak_mem_gb"] > 0 for r in payload["rows"])
+
+
+def test_too_large_a_model_fails_before_any_work(monkeypatch):
+    """4 h200 layers = 2.63B fp32 params: 42 GB of weights + grads + AdamW state, more than a 40 GB GPU holds."""
+    import types
+
+    cfg = learner.resolve_config("h200", torch.device("cpu"), layers=4)
+    for total_gb, fits in ((40, False), (80, True)):
+        props = types.SimpleNamespace(total_memory=total_gb * 10**9)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+        if fits:
+            learner.check_fits(cfg, torch.device("cuda"))
+        else:
+            with pytest.raises(ValueError, match=r"needs 42\.0 GB .* has 40\.0 GB: use fewer --layers"):
+                learner.check_fits(cfg, torch.device("cuda"))

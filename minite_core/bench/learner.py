@@ -13,7 +13,7 @@ timing sample (CUDA events on GPU, perf_counter on CPU; `bench.timing`); tokens/
 p20_tokens_per_s = B·T / p80 step time (the slow end), p80_tokens_per_s = B·T / p20 step time.
 
 Peak memory: `torch.cuda.max_memory_allocated`, reset before every step, max over the profile's timed steps (it
-includes the weights, grads and AdamW state that all profiles share).
+includes the weights, grads and the AdamW state of the row's own optimizer; not the idle optimizer's, see below).
 
 Real Transformer Engine rows (`te:<mode>`, e.g. te:bf16, te:fp8-current, te:fp8-block; modes of peers.te_learner):
 the same model and batch through `te_learner.build_te_model(model, mode, share_weights=True)` (decoder GEMMs as
@@ -23,6 +23,22 @@ second AdamW serves every TE row (its state is apart from the main optimizer's, 
 Parameter objects); every optimizer step clears every copy's weight caches. When TE cannot run a mode here (not
 installed, no CUDA, an FP8 recipe this GPU lacks) its row is skipped: the reason is printed and recorded in the
 payload's `skipped`, and no number is made up.
+
+Memory with TE rows (`OptimizerSwap`): two AdamW states would sit on the GPU at once — at 4 Qwen3-30B-A3B layers
+(2.63B fp32 params) 21.0 GB each beside 10.5 GB of weights and 10.5 GB of grads; with the six rows of
+experiments/h200.yaml that ran out of memory on the H200 (137 GB allocated). So only the optimizer of the row about to run keeps its state in device
+memory: when the round switches between our rows and TE rows, the idle optimizer's state tensors (exp_avg,
+exp_avg_sq, step) are copied to pinned CPU memory and the active one's copied back to where they were, bitwise,
+before the step's timer starts and before the peak counter is reset. So the GPU holds weights + grads + one
+state (42 GB at that shape) and each row's peak is what it would be with its own optimizer alone. Cost, all
+outside the timed steps (it lengthens the rounds, so the budget may allow fewer of them): 21 GB each way per
+switch, ~1 s at PCIe gen5 rates; with our rows and the TE rows listed as two blocks, at most 3 switches a round.
+Host memory holds both states in pinned buffers (torch rounds each up to a power of two: ~2x27 GB at 4 layers).
+Grads are freed by every step (zero_grad(set_to_none=True)), so they are never held twice. Why
+not alias the TE optimizer's state to the main one's (experts as views W[e] of its exp_avg): AdamW's `step`
+count is a tensor per parameter, and the 128 expert views would share W's — `_foreach_add_` would bump it 128
+times per step — or count apart from it, so bias correction would no longer be AdamW's. Before any work, a row
+whose weights + grads + AdamW state alone exceed the GPU's memory stops the bench with a one-line error.
 
 Saved-activation bytes: one extra forward per profile, counted by `bench.saved_activations` (parameters, their
 view/cast copies and the modules' weight caches excluded; the loss's own log-softmax excluded — identical for
@@ -56,7 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from minite_core.bench.saved_activations import saved_activation_bytes
-from minite_core.bench.timing import Stats, Timer
+from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.model import PRESETS, CausalLM, set_profile
 from minite_core.nn import clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
@@ -164,6 +180,55 @@ def build(cfg: LearnerBenchConfig, device: torch.device):
     return model, opt, ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # (B, T) inputs, (B, T) labels
 
 
+def check_fits(cfg: LearnerBenchConfig, device: torch.device) -> None:
+    """One-line error before any work when one row's weights + grads + AdamW state (2 moments), activations not
+    counted, exceed the GPU's memory (counted on a meta-device model)."""
+    if device.type != "cuda":
+        return
+    with torch.device("meta"):
+        n = CausalLM(cfg.model_config()).num_parameters()
+    need = 4 * n * getattr(torch, cfg.param_dtype).itemsize  # weights, grads, exp_avg, exp_avg_sq
+    total = torch.cuda.get_device_properties(device).total_memory
+    if need > total:
+        raise ValueError(f"config {cfg.name!r} at {cfg.model_config().num_hidden_layers} layers needs {need / GB:.1f} GB "
+                         f"for weights, grads and AdamW state alone, {device} has {total / GB:.1f} GB: use fewer --layers")
+
+
+class OptimizerSwap:
+    """Keeps only one optimizer's state in device memory (module docstring, "Memory with TE rows"): `activate(opt)`
+    copies the other optimizers' state tensors to CPU memory (pinned when they are on a GPU) and `opt`'s back to
+    the devices they came from, bitwise. A no-op when `opt` is already the active one."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers, self.active = optimizers, None
+        self.homes: dict = {}  # parked optimizer -> [(its state dict of one param, key, the tensor's device)]
+
+    def activate(self, opt: torch.optim.Optimizer) -> None:
+        if opt is self.active:
+            return
+        for other in self.optimizers:
+            if other is not opt and other not in self.homes:
+                self.park(other)
+        for state, key, home in self.homes.pop(opt, []):
+            state[key] = state[key].to(home, non_blocking=True)
+        self.active = opt
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # sync point: the copies are done before the step's timer starts
+
+    def park(self, opt: torch.optim.Optimizer) -> None:
+        """Move `opt`'s state tensors to CPU memory (asynchronous from a GPU: `activate` synchronises)."""
+        homes = []
+        for state in opt.state.values():
+            for key, t in state.items():
+                if isinstance(t, torch.Tensor):
+                    homes.append((state, key, t.device))
+                    cpu = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                    state[key] = cpu.copy_(t, non_blocking=t.is_cuda)  # the device copy is freed (stream-ordered)
+        self.homes[opt] = homes
+        if self.active is opt:
+            self.active = None
+
+
 def random_model(mcfg, dtype: torch.dtype, device: torch.device, seed: int):
     """CausalLM built on `device` in `dtype`, N(0, 0.02) / norms 1 from a device generator (returned, for the
     caller's further draws): the benchmarks' model, which needs no cross-device determinism."""
@@ -212,7 +277,6 @@ def gemm_ceiling_tflops(device: torch.device) -> float | None:
     n = CEILING_SHAPE
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     stats = bench(lambda: torch.mm(a, b), warmup=3, reps=CEILING_REPS, device=device)
-    del a, b
     return 2 * n ** 3 / (stats.median_ms / 1e3) / 1e12
 
 
@@ -321,8 +385,10 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
     ceiling = gemm_ceiling_tflops(device)
     if ceiling is not None:
         log(f"cuBLAS bf16 {CEILING_SHAPE}^3: {ceiling:.0f} TFLOP/s (the MFU ceiling of this run)")
+    check_fits(cfg, device)
     model, opt, input_ids, labels = build(cfg, device)
     copies, te_opt, skipped = te_models(cfg, model, log)
+    swap = OptimizerSwap(*(o for o in (opt, te_opt) if o is not None))
     if te_opt is not None:
         for m in (model, *copies.values()):  # both optimizers update the shared storage
             track_optimizer(te_opt, m)
@@ -333,34 +399,27 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
         raise ValueError(f"no profile left to time: every row was skipped ({skipped})")
     tokens = input_ids.numel()
     flops = model_flops(cfg.model_config(), *input_ids.shape)
-    P = len(profiles)
 
-    def one_round(r: int, timed: bool, samples: dict, peaks: dict):
-        k = r % P
-        for name in profiles[k:] + profiles[:k]:  # rotate the starting profile every round
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
+    def one_round(r: int, timed: bool):  # peaks of timed steps only: warm-up may hold Triton autotuning buffers
+        def prepare(name):  # untimed: this row's optimizer state onto the device, profile, SR seeds
             if name in copies:
                 from minite_core.peers.te_learner import te_train_step
 
-                with Timer(device) as t:
-                    te_train_step(copies[name], te_opt, input_ids, labels)
-            else:
-                set_profile(model, name)
-                _set_step_seed(model, r, cfg.seed)
-                with Timer(device) as t:
-                    learner_step(model, opt, input_ids, labels)
-            if cuda and timed:  # timed steps only: warm-up may hold Triton autotuning buffers
-                peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device))
-            if timed:
-                samples[name].append(t.elapsed_ms)
+                swap.activate(te_opt)
+                return lambda: te_train_step(copies[name], te_opt, input_ids, labels)
+            swap.activate(opt)
+            set_profile(model, name)
+            _set_step_seed(model, r, cfg.seed)
+            return lambda: learner_step(model, opt, input_ids, labels)
+
+        round_robin(profiles, r, prepare, device, samples if timed else None, peaks)
 
     samples = {name: [] for name in profiles}
     peaks: dict[str, int] = {}
     round_s, warmup = 0.0, cfg.warmup
     for r in range(cfg.warmup):
         t0 = time.perf_counter()
-        one_round(r, False, samples, peaks)
+        one_round(r, False)
         round_s = time.perf_counter() - t0
         log(f"warm-up round {r + 1}/{cfg.warmup}: {round_s:.2f} s")
         # budget: keep room for the saved-activation forwards (~1/3 round) and 3 timed rounds
@@ -380,17 +439,15 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
     if cuda:
         torch.cuda.synchronize(device)
 
-    iters = cfg.iters
-    if round_s > 0:  # cap the timed rounds so the whole bench stays within budget_s (at least 3 rounds)
-        left = cfg.budget_s - (time.perf_counter() - t_start)
-        iters = max(min(3, cfg.iters), min(cfg.iters, int(left / round_s)))
+    iters = timed_rounds(cfg.iters, cfg.budget_s - (time.perf_counter() - t_start), round_s)  # within budget_s
     for r in range(iters):
-        one_round(warmup + r, True, samples, peaks)
+        one_round(warmup + r, True)
         if r + 1 >= 3 and time.perf_counter() - t_start > cfg.budget_s:
             log(f"budget {cfg.budget_s:.0f} s reached after {r + 1} timed rounds")
             iters = r + 1
             break
     log(f"{iters} timed rounds, {time.perf_counter() - t_start:.1f} s total")
+    swap.activate(opt)
     op_tables = {name: _op_profile(model, opt, input_ids, labels, name, log) for name in profiles
                  if name not in copies} if cfg.op_profile else {}
 

@@ -23,6 +23,7 @@ over ranks. Saved-activation bytes and MFU are not measured here (None): bench.l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import time
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from minite_core.bench.learner import PAPER, SCHEMA, LearnerBenchConfig, _kernel_backend, random_model
-from minite_core.bench.timing import Stats, Timer
+from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
 from minite_core.engines.learner import Learner
@@ -79,31 +80,21 @@ def time_rounds(cfg: LearnerBenchConfig, device: torch.device, step, agree, log)
     """Warm-up then timed rounds, each one `step(profile, round)` per profile, the starting profile rotated every
     round (bench.learner's loop). agree(x) -> max of x over the ranks that step together. -> (samples ms by
     profile, peak bytes by profile)."""
-    cuda, names = device.type == "cuda", cfg.profiles
+    names = cfg.profiles
     samples, peaks = {n: [] for n in names}, {}
     t_start, round_s = time.perf_counter(), 0.0
 
     def one_round(r: int, timed: bool):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            with Timer(device) as t:
-                step(name, r)
-            if timed:
-                samples[name].append(t.elapsed_ms)
-                if cuda:
-                    peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device))
+        round_robin(names, r, lambda name: functools.partial(step, name, r), device,
+                    samples if timed else None, peaks)
 
     for r in range(cfg.warmup):
         t0 = time.perf_counter()
         one_round(r, False)
         round_s = agree(time.perf_counter() - t0)
         log(f"warm-up round {r + 1}/{cfg.warmup}: {round_s:.2f} s")
-    iters = cfg.iters
-    if round_s > 0:  # as bench.learner: cap the timed rounds by budget_s, at least 3 (the same count on all ranks)
-        left = cfg.budget_s - agree(time.perf_counter() - t_start)
-        iters = max(min(3, cfg.iters), min(cfg.iters, int(left / round_s)))
+    # as bench.learner: the timed rounds capped by budget_s (the same count on all ranks: agreed times)
+    iters = timed_rounds(cfg.iters, cfg.budget_s - agree(time.perf_counter() - t_start), round_s)
     for r in range(iters):
         one_round(cfg.warmup + r, True)
     log(f"{iters} timed rounds, {time.perf_counter() - t_start:.1f} s")

@@ -7,7 +7,8 @@ step pays it). On CPU it uses `time.perf_counter`. Percentiles are the nearest-r
 and p20/p80 show the spread.
 
 `bench(fn, warmup, reps)` is the one-op form; `Timer` is the building block for callers that interleave several
-variants round-robin (the learner bench) and need one clock per sample.
+variants round-robin and need one clock per sample; `round_robin` is one such round (the learner benches:
+bench.learner, bench.learner_dist), `timed_rounds` their budget rule.
 """
 from __future__ import annotations
 
@@ -85,3 +86,31 @@ def bench(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10, device: 
             fn()
         samples.append(t.elapsed_ms)
     return Stats.of(samples)
+
+
+def round_robin(names, r: int, prepare: Callable[[str], Callable[[], object]], device: torch.device | str,
+                samples: dict | None = None, peaks: dict | None = None) -> None:
+    """One round: every name's step once, the starting name rotated by the round index r (names[r % n] first), so
+    drift and allocator growth hit every name alike. `prepare(name)` does the untimed set-up and returns the step
+    to time. A timed round (samples given) appends each step's ms to samples[name] and, on CUDA, maxes the step's
+    peak allocated bytes (reset after prepare) into peaks[name]."""
+    cuda = torch.device(device).type == "cuda"
+    k = r % len(names)
+    for name in names[k:] + names[:k]:
+        step = prepare(name)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        with Timer(device) as t:
+            step()
+        if samples is not None:
+            samples[name].append(t.elapsed_ms)
+            if cuda:
+                peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated(device))
+
+
+def timed_rounds(iters: int, left_s: float, round_s: float) -> int:
+    """How many of `iters` timed rounds of round_s seconds fit in the left_s of the budget: at least 3 (or iters,
+    if fewer); all of them when no round was measured (round_s 0)."""
+    if round_s <= 0:
+        return iters
+    return max(min(3, iters), min(iters, int(left_s / round_s)))
