@@ -64,6 +64,7 @@ import csv
 import dataclasses
 import datetime
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -534,6 +535,10 @@ def write_csv(path, payload: dict) -> Path:
 
 # ---- CLI --------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    # the optimizer swap frees and reuses blocks of very different sizes (one state tensor per expert weight vs
+    # thousands of small ones): expandable segments keep the allocator from fragmenting. Read when CUDA's
+    # allocator starts (after this line); a user's own setting wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     ap = argparse.ArgumentParser(prog="minite bench learner", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="tiny | h200 | JSON file | inline JSON (default: h200 on CUDA, "
                                                    "tiny on CPU)")
