@@ -115,9 +115,20 @@ def _profile(errors, path, name, *, learner=False):
         errors.append(f"config: {path}: profile {name!r} has no backward (grad=None): it cannot be a learner")
 
 
-def _pair(errors, path, spec):
-    learner_name, _, sampler_name = spec.partition(":")
-    _profile(errors, path, learner_name)
+def _te_mode(errors, path, name):
+    """A real-TE learner `te:<mode>` (bench/learner.py rows, diagnostics pairs): the mode must be a TE mode."""
+    from minite_core.peers.te_learner import MODES
+
+    if name[3:] not in MODES:
+        errors.append(f"config: {path}: unknown TE mode {name[3:]!r}; one of {', '.join(sorted(MODES))}")
+
+
+def _pair(errors, path, spec, *, te_learner=True):
+    learner_name, _, sampler_name = spec.rpartition(":")  # sampler names never contain ":"; `te:<mode>` may
+    if te_learner and learner_name.startswith("te:"):
+        _te_mode(errors, path, learner_name)
+    else:
+        _profile(errors, path, learner_name)
     _profile(errors, path, sampler_name)
 
 
@@ -131,16 +142,12 @@ def _check_profiles(config, errors):
     d = config.get("diagnostics", {})
     for i, pair in enumerate(d.get("pairs", [])):
         _pair(errors, f"diagnostics.pairs[{i}]", pair)
-    if "attribution_base" in d:
-        _pair(errors, "diagnostics.attribution_base", d["attribution_base"])
+    if "attribution_base" in d:  # the knobs are our profiles': no te:* base
+        _pair(errors, "diagnostics.attribution_base", d["attribution_base"], te_learner=False)
     for key in ("throughput", "eval"):
         for i, name in enumerate(config.get(key, {}).get("profiles", [])):
             if key == "throughput" and name.startswith("te:"):  # a real-TE row (bench/learner.py)
-                from minite_core.peers.te_learner import MODES
-
-                if name[3:] not in MODES:
-                    errors.append(f"config: {key}.profiles[{i}]: unknown TE mode {name[3:]!r}; one of "
-                                  f"{', '.join(sorted(MODES))}")
+                _te_mode(errors, f"{key}.profiles[{i}]", name)
                 continue
             _profile(errors, f"{key}.profiles[{i}]", name, learner=key == "throughput")
     if "profile" in config.get("pretrain", {}):

@@ -176,6 +176,28 @@ def test_te_section_from_agreement(tmp_path):
         section_te(tmp_path)
 
 
+def test_te_learner_pairs_in_the_report(tmp_path):
+    """A real-TE learner pair (`te:<mode>:<sampler>`, diagnostics/cli.py): a readable label in the mismatch table,
+    and te/diag-te/ as a table in the TE section with its skipped steps."""
+    from minite_core.report.build import pair_label, section_mismatch
+
+    assert pair_label("te:nvfp4:vllm-nvfp4") == "real TE nvfp4 ↔ vllm-nvfp4"
+    assert pair_label("te-nvfp4:vllm-nvfp4") == "naive Blackwell stack (TE-NVFP4 ↔ vLLM-NVFP4)"
+    assert pair_label("x:y") == "x:y"
+    _mismatch(tmp_path, **{"te:nvfp4:vllm-nvfp4": (0.02, 0.004, 3.0)})
+    assert "| real TE nvfp4 ↔ vllm-nvfp4 | 0.020 |" in section_mismatch(tmp_path)
+    _te(tmp_path, k3=0.07)
+    assert "Real TE as the learner" not in section_te(tmp_path)
+    write_result(tmp_path / "te" / "diag-te" / "mismatch.json", stage="diagnostics", experiment="t",
+                 config={"te": "transformer_engine 9.9"},
+                 metrics={"te:nvfp4:vllm-nvfp4": {"mismatch/k3": 0.02, "mismatch/k3_se": 4e-3}},
+                 skipped=[{"pair": "te:nvfp4:vllm-nvfp4", "step": "trace", "reason": "no profiles"}])
+    text = section_te(tmp_path)
+    assert "**Real TE as the learner of a pair**" in text and "transformer_engine 9.9" in text
+    assert "| te:nvfp4:vllm-nvfp4 | 0.020 | 4.000e-03 | – | – | – |" in text
+    assert "- `te:nvfp4:vllm-nvfp4` trace skipped: no profiles" in text
+
+
 def _env_file(root, stage, commit, gpu="GPU-X"):
     write_result(root / stage / "x.json", stage=stage, experiment="t", config={}, metrics={})
     payload = json.loads((root / stage / "x.json").read_text())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,6 +162,95 @@ def test_cli_run_writes_te_v1_json(fake, monkeypatch, tmp_path):
     assert "e2e/nvfp4-rowscaled/ours-vs-te/k3" in res["metrics"] and (tmp_path / "summary.md").exists()
 
 
+def _diagnose_argv(ckpt, out, pairs, *extra):
+    return ["--checkpoint", str(ckpt), "--pairs", pairs, "--num-prompts", "4", "--max-new-tokens", "12",
+            "--seed", "0", "--device", "cpu", "--out", str(out), "--experiment", "test", *extra]
+
+
+def test_diagnose_te_learner_pair_on_the_stand_in(fake, monkeypatch, tmp_path):
+    """`minite diagnose` with a real-TE learner (`te:bf16`) end to end on the stand-in: TELearner rescores the
+    sampler's tokens (the stand-in's GEMMs run), every metric equals our bf16 learner's on the same rollout (the
+    stand-in is our bf16 GEMM), the trace and the attribution are skipped for that pair with the reason."""
+    from minite_core.diagnostics.cli import TE_SKIP, main
+    from minite_core.model import save_pretrained
+
+    monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
+    calls = []
+    forward = fake.Linear.forward
+    monkeypatch.setattr(fake.Linear, "forward", lambda self, x: calls.append(self.name) or forward(self, x))
+    ckpt = save_pretrained(_model(), tmp_path / "ckpt")
+    out = tmp_path / "diag.json"
+    assert main(_diagnose_argv(ckpt, out, "bf16:bf16,te:bf16:bf16", "--trace", "--trace-sequences", "2",
+                               "--k3-budget", "te:bf16:bf16=1", "--attribution")) == 0
+    res = json.loads(out.read_text())
+    assert "model.layers.0.self_attn.q_proj" in calls and "model.layers.0.mlp.experts.down.1" in calls
+    ours, te = res["metrics"]["bf16:bf16"], res["metrics"]["te:bf16:bf16"]
+    assert te["mismatch/tokens"] > 0 and te["routing/applies"] and "routing/topk_disagree/layer2" in te
+    assert te == ours and res["by_position"]["te:bf16:bf16"] == res["by_position"]["bf16:bf16"]
+    assert res["skipped"] == [{"pair": "te:bf16:bf16", "step": s, "reason": TE_SKIP[s]}
+                              for s in ("trace", "attribution")]
+    assert {t["pair"] for t in res["trace"]} == {"bf16:bf16"} and res["attribution"]["rows"]
+    assert res["budget"][0]["pair"] == "te:bf16:bf16" and res["budget"][0]["pass"]
+    assert res["config"]["te"] == "stand-in" and res["config"]["pairs"] == ["bf16:bf16", "te:bf16:bf16"]
+
+
+def test_diagnose_te_pair_fails_in_one_line_without_te(monkeypatch, tmp_path, capsys):
+    """No TE (or no CUDA, or a mode this GPU lacks): one line naming the pair and TE's reason, before the
+    checkpoint is even read (it does not exist here); never a fallback to our emulation."""
+    from minite_core.cli import main
+    from minite_core.diagnostics.cli import parse_pairs
+
+    monkeypatch.setattr(te_learner, "available", lambda: (False, "transformer_engine is not installed: see README"))
+    argv = ["diagnose", *_diagnose_argv(tmp_path / "missing", tmp_path / "d.json", "bf16:bf16,te:nvfp4:vllm-nvfp4")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["minite diagnose: error: pair te:nvfp4:vllm-nvfp4: the real TE learner cannot run: "
+                   "transformer_engine is not installed: see README (--debug shows the traceback)"]
+    assert not (tmp_path / "d.json").exists()
+    assert parse_pairs("te:nvfp4:vllm-nvfp4,te-nvfp4:vllm-nvfp4") == [("te:nvfp4", "vllm-nvfp4"),
+                                                                      ("te-nvfp4", "vllm-nvfp4")]
+    for bad, why in (("te:fp4:bf16", "unknown TE mode"), ("bf16:te:bf16", "unknown profile"),
+                     ("te:bf16", "unknown profile")):
+        with pytest.raises(ValueError, match=why):
+            parse_pairs(bad)
+
+
+def test_diagnose_te_mode_this_gpu_lacks_fails_in_one_line(fake, monkeypatch, tmp_path):
+    """TE present but the mode is not (the stand-in has no FP8): the same one-line failure with TE's reason."""
+    from minite_core.diagnostics.cli import require_te
+
+    monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
+    require_te([("te:bf16", "bf16")])
+    with pytest.raises(RuntimeError, match=r"^pair te:fp8-block:bf16: .*not supported here: stand-in: no FP8$"):
+        require_te([("te:bf16", "bf16"), ("te:fp8-block", "bf16")])
+
+
+def test_config_accepts_te_learner_pairs():
+    """The experiment checks (schema + semantics) take `te:<mode>:<sampler>` pairs and budgets, name a bad mode,
+    and refuse a te:* attribution base."""
+    from snakemake.utils import validate
+
+    from minite_core.experiment import schema_errors, semantic_errors
+
+    schema = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+    def errors(diagnostics):
+        config = {"experiment": "t", "diagnostics": diagnostics}
+        bad = schema_errors(config, schema)
+        if bad:
+            return bad
+        validate(config, str(schema))  # fills the defaults, as the Snakefile does
+        return semantic_errors(config)
+
+    pairs = ["te:nvfp4:vllm-nvfp4", "te-nvfp4:vllm-nvfp4", "te:bf16:bf16"]
+    assert errors({"pairs": pairs, "budget": {"te:nvfp4:vllm-nvfp4": 0.1}}) == []
+    assert errors({"pairs": ["te:fp4:vllm-nvfp4"]}) == [
+        "config: diagnostics.pairs[0]: unknown TE mode 'fp4'; one of " + ", ".join(sorted(te_learner.MODES))]
+    assert errors({"pairs": ["te:bf16:te:bf16"]})  # the schema: a sampler is a profile name
+    assert errors({"attribution_base": "te:nvfp4:vllm-nvfp4"})[0].startswith(
+        "config: diagnostics.attribution_base: ")
+
+
 def test_modes_and_errors():
     assert set(te_learner.MODES) == {"bf16", "fp8-current", "fp8-block", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6"}
     nv = te_learner.MODES["nvfp4"].emulated_by
@@ -242,3 +332,28 @@ def test_gpu_update_step(mode):
     assert math.isfinite(loss.item())
     moved = [not torch.equal(b, w.detach()) for b, w in zip(before, [q] + experts)]
     assert moved[0] and any(moved[1:])  # experts that got no token keep their weights
+
+
+@pytest.mark.gpu
+@needs_te
+def test_gpu_diagnose_te_learner_pairs(tmp_path):
+    """The H200 step of workflow/scripts/h200_te.sh on a 2-layer random model: real TE as the learner of a pair.
+    TE bf16 ↔ bf16 is our bf16 pair up to GEMM rounding (te_compare measured ours-vs-te bf16 log-probs equal on
+    the H200 with the reference kernels); real TE NVFP4 ↔ vLLM-NVFP4 is far above that floor."""
+    from minite_core.diagnostics.cli import main
+    from minite_core.model import save_pretrained
+
+    ckpt = save_pretrained(_gpu_model().cpu(), tmp_path / "ckpt")
+    out = tmp_path / "diag-te" / "mismatch.json"
+    pairs = "te:nvfp4:vllm-nvfp4,te-nvfp4:vllm-nvfp4,te:bf16:bf16,bf16:bf16"
+    assert main(["--checkpoint", str(ckpt), "--pairs", pairs, "--num-prompts", "8", "--max-new-tokens", "32",
+                 "--device", "cuda", "--kernels", "reference", "--sampler-engine", "fast-eager", "--trace",
+                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    k3 = {pair: m["mismatch/k3"] for pair, m in res["metrics"].items()}
+    assert all(math.isfinite(v) for v in k3.values()) and res["config"]["te"].startswith("transformer_engine 2.20")
+    assert res["metrics"]["te:bf16:bf16"]["mismatch/tokens"] == res["metrics"]["bf16:bf16"]["mismatch/tokens"]
+    assert k3["te:bf16:bf16"] == pytest.approx(k3["bf16:bf16"], rel=0.05, abs=1e-6), k3
+    assert k3["te:nvfp4:vllm-nvfp4"] > 10 * k3["bf16:bf16"], k3
+    assert {s["pair"] for s in res["skipped"]} == {"te:nvfp4:vllm-nvfp4", "te:bf16:bf16"}
+    assert {t["pair"] for t in res["trace"]} == {"te-nvfp4:vllm-nvfp4", "bf16:bf16"}

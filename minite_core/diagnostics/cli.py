@@ -16,6 +16,14 @@ data that is NOT measured: `--calib` JSONL (`--num-calib` examples chosen by --s
 every stage shares: engines.calibration) or random token sequences from a different seed stream; a checkpoint
 that already carries calibrated `input_amax` for every GEMM keeps them unless --calib is given. Every random draw
 derives from (--seed, stream, index) (seeds.py).
+
+Real Transformer Engine on the learner side: a learner named `te:<mode>` (a peers.te_learner mode, e.g.
+`te:nvfp4:vllm-nvfp4`) rescores the sampler's tokens with `TELearner(model, mode)` — our model with its decoder
+GEMMs as TE modules — and gets every metric above. What needs our profiles on both sides is skipped for such a
+pair with the reason in the result's `skipped` list: the first-divergence trace (two profiles on one module
+tree) and the one-knob attribution (switches profile knobs; a te:* pair is no base and feeds no cache). TE
+missing, no CUDA, or a mode this GPU lacks: the run stops before any work with one line naming the pair and
+TE's reason (te_learner.mode_available), never a fallback to our emulation.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics,
 from minite_core.model import load_pretrained
 from minite_core.nn import is_calibrated
 from minite_core.model.routing import moe_layers
+from minite_core.peers import te_learner
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import write_result
 from minite_core.runs.cli import add_common_args, parse_with_config
@@ -46,6 +55,12 @@ from minite_core.task.tokenizer import BOS_ID, EOS_ID
 
 DEFAULT_PAIRS = "bf16:bf16,te-nvfp4:vllm-nvfp4,te-nvfp4:vllm-marlin-w4a16,minite:minite"
 NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (task.tokenizer); random prompts avoid them
+TE_PREFIX = "te:"  # a real-TE learner `te:<mode>`, as the learner bench's rows (bench/learner.py)
+TE_SKIP = {
+    "trace": "the first-divergence trace runs two of our profiles on one module tree; a real-TE learner has none",
+    "attribution": "the one-knob attribution switches our profiles' knobs; a real-TE learner has none (no base, "
+                   "no cached pair)",
+}
 
 
 def _log(msg: str) -> None:
@@ -56,14 +71,24 @@ def _num(v) -> str:
     return "n/a" if v is None else f"{v:.3e}"
 
 
+def te_mode(learner: str) -> str | None:
+    """The peers.te_learner mode of a `te:<mode>` learner name, else None."""
+    return learner[len(TE_PREFIX):] if learner.startswith(TE_PREFIX) else None
+
+
 def parse_pairs(spec: str) -> list[tuple[str, str]]:
-    """"l:s,l:s" -> [(l, s), ...]; every name must be a registered profile."""
+    """"l:s,l:s" -> [(l, s), ...]; every name must be a registered profile, or a learner `te:<mode>` with a TE
+    mode (split at the last ":": sampler names never contain one)."""
     pairs = []
     for item in filter(None, (x.strip() for x in spec.split(","))):
-        if item.count(":") != 1:
+        learner, _, sampler = item.rpartition(":")
+        if not learner:
             raise ValueError(f"pair {item!r} must be learner:sampler")
-        learner, sampler = item.split(":")
-        get_profile(learner), get_profile(sampler)  # fail early on unknown names
+        if te_mode(learner) is None:
+            get_profile(learner)
+        else:
+            te_learner.get_mode(te_mode(learner))
+        get_profile(sampler)  # fail early on unknown names
         pairs.append((learner, sampler))
     if not pairs:
         raise ValueError("no pairs given")
@@ -122,29 +147,55 @@ def calibrate_for_diagnose(model, args, prompts, tokenizer, vocab: int) -> str:
     return src
 
 
+def require_te(pairs, model=None) -> None:
+    """RuntimeError, one line naming the first te:* pair that cannot run here and TE's reason (missing TE, no
+    CUDA, a mode this GPU lacks; with `model`: a model not on CUDA). Called before any work."""
+    for learner, sampler in pairs:
+        if te_mode(learner) is None:
+            continue
+        ok, reason = te_learner.mode_available(te_mode(learner))
+        if ok and model is not None:
+            try:
+                te_learner._require_cuda_model(model)  # the check build_te_model makes, before any work
+            except ValueError as e:
+                ok, reason = False, str(e)
+        if not ok:
+            raise RuntimeError(f"pair {learner}:{sampler}: the real TE learner cannot run: {reason}")
+
+
+def _learner(model, learner: Profile | str, seed: int, batch_size) -> Learner:
+    """Our Learner under a profile, or TELearner for a `te:<mode>` name (a TE copy of the model)."""
+    if isinstance(learner, str) and te_mode(learner) is not None:
+        return te_learner.TELearner(model, te_mode(learner), seed=seed, batch_size=batch_size)
+    return Learner(model, learner, seed=seed, batch_size=batch_size)
+
+
 def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts, *, max_new_tokens: int,
                  temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None):
     """Sample with `sampler` (recording its routing and its processed log-prob rows), rescore with `learner`
-    (replaying that routing when its profile says so) -> (metrics, by_position rows, rollout)."""
-    learner, sampler = get_profile(learner), get_profile(sampler)
+    (a profile, replaying that routing when it says so, or `te:<mode>`: TELearner) -> (metrics, by_position rows,
+    rollout)."""
+    sampler = get_profile(sampler)
+    engine = _learner(model, learner, seed, batch_size)
+    name = learner if isinstance(learner, str) else learner.name
     rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                                     top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size,
                                                     record_routes=True, keep_logprob_rows=True)
-    sc = Learner(model, learner, seed=seed, batch_size=batch_size).score(
+    sc = engine.score(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
         with_argmax=True, routes=rollout.routes, record_routes=True, sampler_rows=rollout.logprob_rows)
     rollout.logprob_rows = None  # (tokens, V): free them now, the KL is computed
     s = rollout.padded(device=sc.logp.device)
     if not bool(torch.isfinite(sc.logp[sc.mask]).all() & torch.isfinite(s["logprobs"][sc.mask]).all()):  # one sync
-        raise ValueError(f"diagnose {learner.name}:{sampler.name}: non-finite log-probs (learner or sampler logits "
+        raise ValueError(f"diagnose {name}:{sampler.name}: non-finite log-probs (learner or sampler logits "
                          "hold inf/NaN): the checkpoint's weights or the profile's scales overflow")
     kw = dict(argmax_learner=sc.argmax, argmax_sampler=s["argmax_ids"], kl=sc.kl_full_vocab)
     metrics = mismatch_metrics(sc.logp, s["logprobs"], sc.mask, **kw)
     layers = moe_layers(model)
     metrics.update(routing_agreement(sc.routes, rollout.routes, layers))
     if metrics["routing/applies"]:
-        metrics["routing/replayed"] = learner.routing_replay
-        if learner.routing_replay:  # executed routes agree by construction; what the router itself would pick:
+        metrics["routing/replayed"] = engine.profile.routing_replay
+        if engine.profile.routing_replay:  # executed routes agree by construction; what the router would pick:
             metrics["routing/router_topk_disagree"] = routing_agreement(sc.router_routes, rollout.routes,
                                                                         layers)["routing/topk_disagree"]
     lengths = [len(r) for r in rollout.response_ids]
@@ -178,29 +229,39 @@ def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float =
              attribution_base=("te-nvfp4", "vllm-nvfp4"), attribution_target: str = "minite",
              attribution_cumulative: bool = False, budgets: dict[str, float] | None = None) -> dict:
     """The whole measurement on a loaded (and, if needed, calibrated) model -> {"metrics", "by_position",
-    "trace", "attribution", "budget"} (trace / attribution None unless asked for, budget None without budgets;
-    a budgeted pair over its budget that was not traced gets its decode trace, to name the first op)."""
+    "trace", "attribution", "budget", "skipped"} (trace / attribution None unless asked for, budget None without
+    budgets; a budgeted pair over its budget that was not traced gets its decode trace, to name the first op;
+    skipped: [{"pair", "step", "reason"}] for what a te:* pair cannot do, module docstring)."""
+    require_te(pairs, model)
     opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
                 batch_size=batch_size)
     budgets = budgets or {}
     cache: dict = {}  # forward_key pair -> metrics, shared with the attribution
-    metrics, by_position, traces, gate_traces = {}, {}, [] if trace else None, []
+    metrics, by_position, traces, gate_traces, skipped = {}, {}, [] if trace else None, [], []
     for learner, sampler in pairs:
         key = f"{learner}:{sampler}"
         t0 = time.perf_counter()
         m, rows, rollout = measure_pair(model, learner, sampler, prompts, **opts)
         metrics[key], by_position[key] = m, rows
-        cache[(attr.forward_key(get_profile(learner)), attr.forward_key(get_profile(sampler)))] = m
         _log(f"{key}: k3={m['mismatch/k3']:.3e} k1={m['mismatch/k1']:.3e} "
              f"kl_full_vocab={m['mismatch/kl_full_vocab']:.3e} flip={m['mismatch/argmax_flip']:.3f} "
              f"routing_disagree={_num(m['routing/topk_disagree'])} tokens={m['mismatch/tokens']} "
              f"({time.perf_counter() - t0:.1f}s)")
+        over = key in budgets and not m["mismatch/k3"] <= budgets[key]
+        if te_mode(learner) is not None:  # what needs our profiles on both sides (module docstring)
+            steps = ["trace"] * (trace or over) + ["attribution"] * attribution
+            skipped += [{"pair": key, "step": step, "reason": TE_SKIP[step]} for step in steps]
+            continue
+        cache[(attr.forward_key(get_profile(learner)), attr.forward_key(get_profile(sampler)))] = m
         n = trace_sequences or len(rollout)  # default: the measured batch itself (same per-tensor scales)
         if trace:
             traces += _trace(model, key, learner, sampler, rollout, n, trace_threshold)
-        elif key in budgets and not m["mismatch/k3"] <= budgets[key]:
+        elif over:
             gate_traces += _trace(model, key, learner, sampler, rollout, n, trace_threshold, modes=("decode",))
-    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None, "budget": None}
+    for row in skipped:
+        _log(f"{row['pair']}: {row['step']} skipped: {row['reason']}")
+    result = {"metrics": metrics, "by_position": by_position, "trace": traces, "attribution": None, "budget": None,
+              "skipped": skipped}
     if budgets:
         result["budget"] = check_budgets(metrics, budgets, (traces or []) + gate_traces)
     if attribution:
@@ -261,12 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_with_config(p, argv)
     _check_args(p, args)
     pairs = parse_pairs(args.pairs or f"{args.learner}:{args.sampler}")
+    require_te(pairs)  # before any work: missing TE / CUDA / mode is one line naming the pair (runs.cli)
     try:
         budget_cfg = [f"{pair}={value}" for pair, value in json.loads(args.budget_json).items()]
         budgets = parse_budgets(budget_cfg + args.k3_budget, [f"{l}:{s}" for l, s in pairs])
     except (ValueError, AttributeError) as e:
         p.error(f"--k3-budget / budget: {e}")
     base = parse_pairs(args.attribution_base)[0]
+    if te_mode(base[0]) is not None:
+        raise ValueError(f"--attribution-base {args.attribution_base}: {TE_SKIP['attribution']}")
     ckpt = Path(args.checkpoint)
     model = load_pretrained(ckpt, dtype=torch.float32, device=args.device).eval()
     vocab = model.config.vocab_size
@@ -282,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prompts, prompt_src = random_prompts(args.num_prompts, vocab, args.seed), f"random(seed={args.seed})"
 
-    profiles = {get_profile(n) for pair in pairs for n in pair}
+    profiles = {get_profile(n) for pair in pairs for n in pair if te_mode(n) is None}  # TE modes: dynamic scales
     if args.attribution:
         profiles |= {get_profile(n) for n in base}
     calib_src = None
@@ -300,10 +364,11 @@ def main(argv: list[str] | None = None) -> int:
               "seed": args.seed, "prompts": prompt_src, "calibration": calib_src, "device": args.device,
               "trace": args.trace, "attribution": args.attribution,
               "attribution_base": f"{base[0]}:{base[1]}" if args.attribution else None,
-              "attribution_cumulative": args.attribution_cumulative, "k3_budget": budgets}
+              "attribution_cumulative": args.attribution_cumulative, "k3_budget": budgets,
+              "te": te_learner.available()[1] if any(te_mode(l) for l, _ in pairs) else None}
     write_result(args.out, stage="diagnostics", experiment=args.experiment, config=config,
                  metrics=result["metrics"], by_position=result["by_position"], trace=result["trace"],
-                 attribution=result["attribution"], budget=result["budget"])
+                 attribution=result["attribution"], budget=result["budget"], skipped=result["skipped"])
     _log(f"wrote {args.out}")
     if args.figures:
         from minite_core.diagnostics.figures import write_figures

@@ -30,6 +30,15 @@ PAIR_LABELS = {
 }
 
 
+def pair_label(pair: str) -> str:
+    """PAIR_LABELS' label; a real-TE learner `te:<mode>:<sampler>` (diagnostics/cli.py) reads "real TE <mode> ↔
+    <sampler>"; else the pair itself."""
+    learner, _, sampler = pair.rpartition(":")
+    if learner.startswith("te:"):
+        return f"real TE {learner[3:]} ↔ {sampler}"
+    return PAIR_LABELS.get(pair, pair)
+
+
 def _img(results: Path, path: Path, alt: str) -> str:
     return f"![{alt}]({path.relative_to(results)})\n" if path.exists() else ""
 
@@ -176,7 +185,7 @@ def _budget_table(res: dict) -> str:
     table = []
     for r in rows:
         first = r.get("first_divergence") or {}
-        table.append([PAIR_LABELS.get(r["pair"], r["pair"]), r["k3_budget"], r["k3"],
+        table.append([pair_label(r["pair"]), r["k3_budget"], r["k3"],
                       "pass" if r["pass"] else "**FAIL**", first.get("op") or "–"])
     return ("The stage fails when a pair's k3 exceeds its budget (`diagnostics.budget`, `minite diagnose "
             "--k3-budget`), naming the first divergent op of its first-divergence trace.\n\n"
@@ -190,7 +199,7 @@ def section_mismatch(results: Path) -> str:
         return head + "_not run_\n"
     keys = ["k3", "k3_se", "k1", "kl_full_vocab", "max_abs_delta", "abs_dp_mean", "chi2", "ess", "ratio_outside_C",
             "pearson_p", "argmax_flip", "tokens"]
-    rows = [[PAIR_LABELS.get(pair, pair)] + [m.get(f"mismatch/{k}") for k in keys] + _routing_cells(m)
+    rows = [[pair_label(pair)] + [m.get(f"mismatch/{k}") for k in keys] + _routing_cells(m)
             for pair, m in res["metrics"].items()]
     ordered = sorted(res["metrics"].items(), key=lambda kv: kv[1]["mismatch/k3"])
     cfg = res["config"]

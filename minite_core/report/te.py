@@ -4,6 +4,8 @@
   model): the end-to-end numbers claim (e) reads when present — a trained model's log-probs are what RL sees;
 - `diag-4over6/mismatch.json` (diagnostics, optional): `minite diagnose` of the 4over6 profile beside bf16 and
   minite (reference kernels: the only backend with 4over6);
+- `diag-te/mismatch.json` (diagnostics, optional): `minite diagnose` with real TE as the learner (`te:<mode>`
+  pairs: TELearner rescoring the sampler's tokens) beside our emulated pairs on the same model and prompts;
 - `learner.json` (bench/learner, optional): a learner bench with the real-TE rows (te:*) when they were measured
   apart from the DAG's throughput stage (results/h200/README.md says when and why).
 The report may not import the peer (report/ reads only the results contract: tests/test_layers.py), so the tables
@@ -114,7 +116,7 @@ def section_te(results: Path) -> str:
             "column is TE's own quantization effect, TE <mode> vs TE bf16:\n\n"
             + table(E2E_HEADER, _e2e_rows(m, emulated_by)) + _section_checkpoint(results, emulated_by)
             + "\n" + _probe_line(res.get("grouped_probe") or {}) + errors
-            + _section_4over6(results) + _section_learner(results))
+            + _section_4over6(results) + _section_diag_te(results) + _section_learner(results))
 
 
 E2E_HEADER = ["TE mode", "our profile", "k3 ours vs TE", "max abs Δ", "argmax flip", "k3 TE mode vs TE bf16"]
@@ -130,18 +132,34 @@ def _section_checkpoint(results: Path, emulated_by: dict) -> str:
             + table(E2E_HEADER, _e2e_rows(res["metrics"], emulated_by)))
 
 
+def _diag_table(res: dict) -> str:
+    rows = [[pair, v.get("mismatch/k3"), v.get("mismatch/k3_se"), v.get("mismatch/max_abs_delta"),
+             v.get("mismatch/kl_full_vocab"), v.get("routing/topk_disagree")] for pair, v in res["metrics"].items()]
+    return table(["pair", "k3", "k3 SE", "max abs Δ", "KL full vocab", "routing top-k disagree"], rows)
+
+
+def _section_diag_te(results: Path) -> str:
+    res = load(results / "te" / "diag-te" / "mismatch.json")
+    if res is None:
+        return ""
+    c, env = res["config"], res.get("env", {})
+    skipped = "".join(f"\n- `{s['pair']}` {s['step']} skipped: {s['reason']}" for s in res.get("skipped") or [])
+    return ("\n**Real TE as the learner of a pair** (te/diag-te/: `minite diagnose`, a `te:<mode>` learner is "
+            "TELearner — our model with its decoder GEMMs as TE modules — rescoring the sampler's tokens; the other "
+            f"pairs are our emulation on the same model and prompts; {c.get('te')}, kernels {env.get('kernels')}, "
+            f"commit `{env.get('commit')}`):\n\n" + _diag_table(res) + skipped + "\n")
+
+
 def _section_4over6(results: Path) -> str:
     res = load(results / "te" / "diag-4over6" / "mismatch.json")
     if res is None:
         return ""
     env = res.get("env", {})
-    rows = [[pair, v.get("mismatch/k3"), v.get("mismatch/k3_se"), v.get("mismatch/max_abs_delta"),
-             v.get("mismatch/kl_full_vocab"), v.get("routing/topk_disagree")] for pair, v in res["metrics"].items()]
     return ("\n**TE's 4over6 block scales as a profile** (`minite-4over6`: miniTE with TE 2.20's 4over6 block-scale "
             "choice, formats/four_over_six.py, bitwise equal to TE's reference in the quantizer table above): "
             f"learner ↔ sampler mismatch on the base model (te/diag-4over6/, kernels {env.get('kernels')}, commit "
             f"`{env.get('commit')}`); its SQNR is in the quantization-error section (math `4over6-mae`).\n\n"
-            + table(["pair", "k3", "k3 SE", "max abs Δ", "KL full vocab", "routing top-k disagree"], rows))
+            + _diag_table(res))
 
 
 def _section_learner(results: Path) -> str:

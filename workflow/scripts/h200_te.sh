@@ -5,7 +5,10 @@
 # te-tests.log, agreement.json + summary.md (te_compare on a random model of the RL shape), checkpoint/ (te_compare
 # on the DAG's SFT base model), diag-4over6/ (diagnostics of the 4over6 profile on that model: the reference
 # kernels, the only backend with 4over6; the eager fast sampler: the reference kernels sync with the host, so no
-# CUDA graph), h200_te.log; `done` when finished. Copy it to results/<exp>/te/ here.
+# CUDA graph), diag-te/ (diagnostics with real TE as the learner: te:nvfp4 ↔ vllm-nvfp4 beside our emulated
+# te-nvfp4 ↔ vllm-nvfp4, and te:bf16 ↔ bf16 beside bf16 ↔ bf16 as the floor, on that model and the same prompts;
+# reference kernels and the eager fast sampler as diag-4over6, the kernels te/checkpoint compared TE with),
+# h200_te.log; `done` when finished. Copy it to results/<exp>/te/ here.
 #
 #   setsid nohup bash workflow/scripts/h200_te.sh > /dev/null 2>&1 &      # repo root; MINITE_COMMIT set
 # Env: TE_OUT, BASE (the base model; default the h200_rl.sh copy's results/h200/pretrain/model: waited for),
@@ -28,4 +31,8 @@ step python3 -m minite_core.cli diagnose --checkpoint "$BASE" --prompts "$DATA/h
     --pairs bf16:bf16,minite:minite,minite-4over6:minite-4over6 --num-prompts 64 --max-new-tokens 64 \
     --device cuda --kernels reference --sampler-engine fast-eager --experiment h200 \
     --out "$OUT_DIR/diag-4over6/mismatch.json"
+step python3 -m minite_core.cli diagnose --checkpoint "$BASE" --prompts "$DATA/heldout.jsonl" --calib "$DATA/train.jsonl" \
+    --pairs te:nvfp4:vllm-nvfp4,te-nvfp4:vllm-nvfp4,te:bf16:bf16,bf16:bf16 --num-prompts 64 --max-new-tokens 64 \
+    --device cuda --kernels reference --sampler-engine fast-eager --experiment h200 \
+    --out "$OUT_DIR/diag-te/mismatch.json"
 touch "$OUT_DIR/done"
