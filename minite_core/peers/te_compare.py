@@ -10,9 +10,11 @@ writes results/<exp>/te/agreement.json (schema te/v1; every number measured in t
 - gemm/<mode>/<M>x<K>x<N>/<out>/<sut>/{max_abs,rel,eq_bf16}: one GEMM forward output (fprop), dgrad, wgrad of a
   `te.Linear` under the mode vs (sut=ours) our `QuantLinear` under `mode.emulated_by` on the same bf16 input,
   fp32 weight and bf16 output gradient, and vs (sut=dataflow) TE's reference dataflow written with our `formats`
-  (every operand quantized as NVFP4QuantizerRef quantizes it, RHT rounded to bf16, fp32 GEMM): what remains
-  between `ours` and `dataflow` is a knob of our profile (none left on CPU: tests/test_te_wgrad.py), what remains between `dataflow` and TE is GEMM
-  rounding. rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 = fraction equal once both are in bf16 (TE's output
+  (every operand quantized as NVFP4QuantizerRef quantizes it, RHT rounded to bf16, fp32 GEMM). `ours` runs TE's
+  reference GEMM order (emulated_by's w4a4_gemm="te-ref": bitwise TE's qgemm on CPU, tests/test_te_gemm.py), so
+  any difference left there is an input to the GEMM; `dataflow` keeps the plain fp32 GEMM, so what remains between
+  it and TE is GEMM rounding (results/h200/te at f4f5852: eq_bf16 0.9996-0.9999), and it equals `ours` under
+  w4a4_gemm="reference" bit for bit (tests/test_te_wgrad.py). rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 = fraction equal once both are in bf16 (TE's output
   dtype). quant_rel = ‖TE − exact‖ / ‖exact‖ (exact: the fp32 GEMM of the unquantized operands) sizes the
   quantization error the agreement is to be read against.
 - e2e/<pair>/*: learner log-probs of task responses on one checkpoint (N prompts, teacher-forced gold answers):
