@@ -131,8 +131,17 @@ def test_compare_helpers_run_on_the_stand_in(fake):
     p, resp = _batch()
     e2e = compare_e2e(_model(), p, resp, modes=("bf16", "nvfp4"))
     assert e2e["e2e/bf16/ours-vs-te/max_abs_delta"] == 0.0 and "e2e/nvfp4/te-vs-te-bf16/k3" in e2e
+    # the trace: bf16 equal everywhere; the stand-in's bf16 GEMMs vs our NVFP4 first part at layer 0's q_proj
+    bf16 = {k: v for k, v in e2e.items() if k.startswith("e2e/bf16/trace/")}
+    assert bf16["e2e/bf16/trace/first_nonzero"] == "none" and bf16["e2e/bf16/trace/lm_head/eq_bf16"] == 1.0
+    assert {v for k, v in bf16.items() if k.endswith("/rel")} == {0.0}
+    t = "e2e/nvfp4/trace/"
+    assert e2e[t + "first_nonzero"] == e2e[t + "first_divergence"] == "model.layers.0.self_attn.q_proj"
+    assert e2e[t + "model.layers.0.input_layernorm/rel"] == 0.0 < e2e[t + "model.layers.0.self_attn.q_proj/rel"]
+    assert e2e[t + "model.layers.0.self_attn.q_proj/step"] == 1.0 and t + "model.layers.0.mlp.experts.down/rel" in e2e
     md = _summary({**r, **e2e}, {"grouped/bf16/all-experts": "ok"})
     assert "| nvfp4/64x128x96 | wgrad |" in md and "| bf16/ours-vs-te |" in md and "all-experts`: ok" in md
+    assert "| bf16 (threshold 1e-03) | none | none |" in md and "| nvfp4 (threshold 1e-03) | `model.layers.0" in md
 
 
 @pytest.mark.skipif(not REF_OK, reason=REF_REASON)
@@ -159,6 +168,8 @@ def test_cli_run_writes_te_v1_json(fake, monkeypatch, tmp_path):
     assert set(res["errors"]) == {"mode/fp8-current", "mode/fp8-block"}  # the stand-in has no FP8
     assert "gemm/nvfp4-4over6/64x128x96/wgrad/dataflow/rel" in res["metrics"]
     assert "e2e/nvfp4-rowscaled/ours-vs-te/k3" in res["metrics"] and (tmp_path / "summary.md").exists()
+    assert res["metrics"]["e2e/bf16/trace/first_divergence"] == "none"
+    assert "first-divergence trace" in (tmp_path / "summary.md").read_text()
 
 
 def test_modes_and_errors():
