@@ -41,7 +41,7 @@ def test_te_ref_gemm_equals_te_qgemm_bitwise(name, heavy):
     ours = quantlinear_gemms(mode.emulated_by.replace(w4a4_gemm="te-ref"), x, w, dy)
     for out in ("fprop", "dgrad", "wgrad"):
         torch.testing.assert_close(ours[out].bfloat16(), te[out].bfloat16(), atol=0, rtol=0, msg=f"{name} {out}")
-    base = quantlinear_gemms(mode.emulated_by.replace(w4a4_gemm="reference"), x, w, dy)  # the default GEMM: rounding apart
+    base = quantlinear_gemms(mode.emulated_by.replace(w4a4_gemm="reference"), x, w, dy)  # default GEMM: rounding apart
     assert any(not torch.equal(base[o].bfloat16(), te[o].bfloat16()) for o in te), name
 
 

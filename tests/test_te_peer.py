@@ -139,6 +139,8 @@ def test_compare_helpers_run_on_the_stand_in(fake):
     assert e2e[t + "first_nonzero"] == e2e[t + "first_divergence"] == "model.layers.0.self_attn.q_proj"
     assert e2e[t + "model.layers.0.input_layernorm/rel"] == 0.0 < e2e[t + "model.layers.0.self_attn.q_proj/rel"]
     assert e2e[t + "model.layers.0.self_attn.q_proj/step"] == 1.0 and t + "model.layers.0.mlp.experts.down/rel" in e2e
+    assert bf16["e2e/bf16/trace/model.layers.0.mlp.gate/routing_flip"] == 0.0
+    assert 0.0 <= e2e[t + "model.layers.0.mlp.gate/routing_flip"] <= 1.0
     md = _summary({**r, **e2e}, {"grouped/bf16/all-experts": "ok"})
     assert "| nvfp4/64x128x96 | wgrad |" in md and "| bf16/ours-vs-te |" in md and "all-experts`: ok" in md
     assert "| bf16 (threshold 1e-03) | none | none |" in md and "| nvfp4 (threshold 1e-03) | `model.layers.0" in md

@@ -14,8 +14,8 @@ writes results/<exp>/te/agreement.json (schema te/v1; every number measured in t
   reference GEMM order (emulated_by's w4a4_gemm="te-ref": bitwise TE's qgemm on CPU, tests/test_te_gemm.py), so
   any difference left there is an input to the GEMM; `dataflow` keeps the plain fp32 GEMM, so what remains between
   it and TE is GEMM rounding (results/h200/te at f4f5852: eq_bf16 0.9996-0.9999), and it equals `ours` under
-  w4a4_gemm="reference" bit for bit (tests/test_te_wgrad.py). rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 = fraction equal once both are in bf16 (TE's output
-  dtype). quant_rel = ‖TE − exact‖ / ‖exact‖ (exact: the fp32 GEMM of the unquantized operands) sizes the
+  w4a4_gemm="reference" bit for bit (tests/test_te_wgrad.py). rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 =
+  fraction equal once both are in bf16 (TE's output dtype). quant_rel = ‖TE − exact‖ / ‖exact‖ (exact: the fp32 GEMM of the unquantized operands) sizes the
   quantization error the agreement is to be read against.
 - e2e/<pair>/*: learner log-probs of task responses on one checkpoint (N prompts, teacher-forced gold answers):
   max |Δ| and the mismatch metrics (k3, ...) of ours vs TE's, per mode — bf16 vs TE bf16 is the floor the NVFP4
@@ -26,7 +26,8 @@ writes results/<exp>/te/agreement.json (schema te/v1; every number measured in t
   (position in our execution order), `<name>/rel` = ‖ours − TE‖_F / ‖TE‖_F over all rows (pads included; inf
   when the shapes differ, e.g. expert rows after a routing flip) and `<name>/eq_bf16`; `first_nonzero` and
   `first_divergence`: the first module with rel > 0 / rel > `threshold` (engines.mismatch.TRACE_THRESHOLD), or
-  "none" — the op to give the profile a knob for.
+  "none" — the op to give the profile a knob for; routers also `<name>/routing_flip` (tokens whose top-k set
+  differs: past a flip, expert rows are shifted and their rel is no longer arithmetic).
 - grouped_probe: te.GroupedLinear forward + backward in a subprocess (bf16 with and without the grouped-tensor
   path, FP8 current / blockwise; routings: every expert 512 tokens, one expert none, 512 tokens in all at random),
   each "ok" or the error text: the `create_2D_tensor_map: invalid argument` failure seen once. From TE's
@@ -223,10 +224,13 @@ def trace_names(model) -> list[str]:
     return [n for n, _ in model.named_modules() if n.startswith("model.layers.")] + ["model.norm", "lm_head"]
 
 
-def trace_compare(ours: dict, te: dict, key: str, threshold: float = TRACE_THRESHOLD) -> dict:
+def trace_compare(ours: dict, te: dict, key: str, threshold: float = TRACE_THRESHOLD,
+                  top_k: int | None = None) -> dict:
     """Per module in our execution order: rel = ‖ours − TE‖ / ‖TE‖ and eq_bf16 (fraction of elements equal once
-    both are rounded to bf16; rel = inf and eq_bf16 = 0 where the shapes differ, e.g. expert rows after a routing
-    flip), and the first module whose rel > 0 / > threshold ("none" if no module). -> {f"{key}/...": ...}."""
+    both are rounded to bf16; rel = inf and eq_bf16 = 0 where the shapes differ), and the first module whose
+    rel > 0 / > threshold ("none" if no module). Routers (`*.mlp.gate`, with top_k): routing_flip, the fraction of
+    tokens whose top-k expert set differs — after a flip the experts' rows (sorted by expert) no longer align, so
+    their rel measures the shift, not arithmetic. -> {f"{key}/...": ...}."""
     out, first = {f"{key}/threshold": threshold}, {"first_nonzero": "none", "first_divergence": "none"}
     for step, (name, chunks) in enumerate(ours.items()):
         a, b = torch.cat(chunks), torch.cat(te[name]) if name in te else None
@@ -235,6 +239,9 @@ def trace_compare(ours: dict, te: dict, key: str, threshold: float = TRACE_THRES
         else:
             rel, eq = rel_error(b, a), float((a.bfloat16() == b.bfloat16()).double().mean())
         out.update({f"{key}/{name}/step": float(step), f"{key}/{name}/rel": rel, f"{key}/{name}/eq_bf16": eq})
+        if top_k and name.endswith(".mlp.gate") and b is not None and a.shape == b.shape:
+            sets = [t.topk(top_k, dim=-1).indices.sort(-1).values for t in (a, b)]
+            out[f"{key}/{name}/routing_flip"] = float((sets[0] != sets[1]).any(-1).double().mean())
         for which, limit in (("first_nonzero", 0.0), ("first_divergence", threshold)):
             if first[which] == "none" and rel > limit:
                 first[which] = name
@@ -274,7 +281,8 @@ def compare_e2e(model: CausalLM, prompts, responses, *, modes=tuple(MODES),
                 lp, _, _, am = Learner(model, mode.emulated_by).logprobs(prompts, responses, with_argmax=True)
             out.update(_pair(f"e2e/{mode.name}/ours-vs-te", lp, lp_te, mask, am, am_te))
             if traced:
-                out.update(trace_compare(ours_out, te_out, f"e2e/{mode.name}/trace"))
+                out.update(trace_compare(ours_out, te_out, f"e2e/{mode.name}/trace",
+                                         top_k=model.config.num_experts_per_tok))
         del te_out
         if te_bf16 is None:
             te_bf16 = (lp_te, am_te)
