@@ -3,7 +3,8 @@
 CPU (always): the adapter's plumbing against a stand-in with TE's API shape (tests/fake_te.py, plain-torch bf16
 GEMMs = our bf16 QuantLinear's): every decoder GEMM swapped for a TE module under the same name, router and LM head
 kept, the weights copied (or shared), rows padded to 32, experts without tokens skipped (per-expert) or padded
-(grouped), log-probs of the TE copy equal to ours bit for bit, a full update step.
+(grouped), log-probs of the TE copy equal to ours bit for bit, a full update step, te_compare's helpers with
+the first-divergence trace (bf16: no module apart; NVFP4 vs the stand-in's bf16: layer 0's q_proj first).
 GPU (`-m gpu`, real TE; skipped with the reason otherwise): TE's NVFP4QuantizerRef vs our formats on CUDA bit for
 bit, one te.Linear per mode vs our QuantLinear and vs TE's dataflow in our formats, end-to-end log-probs, and a
 full update step in every mode (bf16, FP8 current / blockwise where the GPU has them, NVFP4 reference).
@@ -234,6 +235,7 @@ def test_gpu_e2e_logprobs():
     modes = tuple(m for m in te_learner.MODES if te_learner.mode_available(m)[0])
     r = compare_e2e(_gpu_model(), *task_batch(8, 0), modes=modes)
     assert r["e2e/bf16/ours-vs-te/max_abs_delta"] < 0.5  # the floor: both bf16
+    assert r["e2e/bf16/trace/first_nonzero"] == "none" or r["e2e/bf16/ours-vs-te/max_abs_delta"] > 0  # trace agrees
     for mode in modes[1:]:
         assert math.isfinite(r[f"e2e/{mode}/te-vs-te-bf16/k3"]), mode
         if te_learner.MODES[mode].emulated_by is not None:
