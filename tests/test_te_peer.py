@@ -11,6 +11,7 @@ full update step in every mode (bf16, FP8 current / blockwise where the GPU has 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -25,6 +26,7 @@ from minite_core.nn import GroupedLinear, QuantLinear
 from tests import fake_te, te_reference
 
 TE_OK, TE_REASON = te_learner.available()
+TE_SHAPE = PRESETS["tiny-moe"].replace(hidden_size=64, head_dim=16, intermediate_size=64, moe_intermediate_size=32)
 needs_te = pytest.mark.skipif(not TE_OK, reason=TE_REASON)
 
 
@@ -51,6 +53,11 @@ def fake(monkeypatch):
 
 def _model(seed=0):
     return CausalLM(PRESETS["tiny-moe"]).init_weights(seed, std=0.2)  # MoE, dense (layer 1), MoE layers
+
+
+def _te_shape_model(seed=0):
+    """tiny-moe with every GEMM's K a multiple of 32 (TE's reference qgemm needs it, NVFP4QuantizerRef.qgemm)."""
+    return CausalLM(TE_SHAPE).init_weights(seed, std=0.2)
 
 
 def _batch():
@@ -130,21 +137,28 @@ def test_compare_helpers_run_on_the_stand_in(fake):
         assert all(f"gemm/nvfp4/64x128x96/{out}/{sut}/rel" in r for sut in ("ours", "dataflow"))
     assert all(math.isfinite(v) for v in r.values())
     p, resp = _batch()
-    e2e = compare_e2e(_model(), p, resp, modes=("bf16", "nvfp4"))
-    assert e2e["e2e/bf16/ours-vs-te/max_abs_delta"] == 0.0 and "e2e/nvfp4/te-vs-te-bf16/k3" in e2e
-    # the trace: bf16 equal everywhere; the stand-in's bf16 GEMMs vs our NVFP4 first part at layer 0's q_proj
-    bf16 = {k: v for k, v in e2e.items() if k.startswith("e2e/bf16/trace/")}
-    assert bf16["e2e/bf16/trace/first_nonzero"] == "none" and bf16["e2e/bf16/trace/lm_head/eq_bf16"] == 1.0
-    assert {v for k, v in bf16.items() if k.endswith("/rel")} == {0.0}
-    t = "e2e/nvfp4/trace/"
-    assert e2e[t + "first_nonzero"] == e2e[t + "first_divergence"] == "model.layers.0.self_attn.q_proj"
-    assert e2e[t + "model.layers.0.input_layernorm/rel"] == 0.0 < e2e[t + "model.layers.0.self_attn.q_proj/rel"]
+    # NVFP4 end to end against TE's reference forward on the stand-in (fake_te: its quantizers + qgemm), and the
+    # same mode emulated with our default fp32 GEMM (w4a4_gemm="reference"): the trace must find that one
+    nv = te_learner.MODES["nvfp4"]
+    fp32_gemm = dataclasses.replace(nv, name="nvfp4-fp32gemm",
+                                    emulated_by=nv.emulated_by.replace(w4a4_gemm="reference"))
+    modes = ("bf16", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6", fp32_gemm)
+    e2e = compare_e2e(_te_shape_model(), p, resp, modes=modes)
+    assert "e2e/nvfp4/te-vs-te-bf16/k3" in e2e and e2e["e2e/nvfp4/te-vs-te-bf16/max_abs_delta"] > 0
+    for mode in ("bf16", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6"):  # w4a4_gemm="te-ref": TE's to the bit
+        t = f"e2e/{mode}/trace/"
+        assert e2e[f"e2e/{mode}/ours-vs-te/max_abs_delta"] == 0.0 and e2e[t + "first_nonzero"] == "none", mode
+        assert {v for k, v in e2e.items() if k.startswith(t) and k.endswith("/rel")} == {0.0}, mode
+        assert e2e[t + "lm_head/eq_bf16"] == 1.0 and e2e[t + "model.layers.0.mlp.gate/routing_flip"] == 0.0
+    t = "e2e/nvfp4-fp32gemm/trace/"
+    first = e2e[t + "first_nonzero"]
+    assert first.split(".")[-1] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                    "gate_up", "down"), first  # a GEMM: the arithmetic knob
+    assert e2e[t + "model.layers.0.input_layernorm/rel"] == 0.0 < e2e[t + first + "/rel"]
     assert e2e[t + "model.layers.0.self_attn.q_proj/step"] == 1.0 and t + "model.layers.0.mlp.experts.down/rel" in e2e
-    assert bf16["e2e/bf16/trace/model.layers.0.mlp.gate/routing_flip"] == 0.0
-    assert 0.0 <= e2e[t + "model.layers.0.mlp.gate/routing_flip"] <= 1.0
     md = _summary({**r, **e2e}, {"grouped/bf16/all-experts": "ok"})
     assert "| nvfp4/64x128x96 | wgrad |" in md and "| bf16/ours-vs-te |" in md and "all-experts`: ok" in md
-    assert "| bf16 (threshold 1e-03) | none | none |" in md and "| nvfp4 (threshold 1e-03) | `model.layers.0" in md
+    assert "| nvfp4 (threshold 1e-03) | none | none |" in md and f"| nvfp4-fp32gemm (threshold 1e-03) | `{first}`" in md
 
 
 @pytest.mark.skipif(not REF_OK, reason=REF_REASON)
@@ -164,7 +178,7 @@ def test_cli_run_writes_te_v1_json(fake, monkeypatch, tmp_path):
 
     monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
     monkeypatch.setattr(te_compare, "GEMM_SHAPES", ((64, 128, 96),))
-    monkeypatch.setattr(te_compare, "H200_RL_MODEL", PRESETS["tiny-moe"].replace(hidden_size=64, head_dim=16))
+    monkeypatch.setattr(te_compare, "H200_RL_MODEL", TE_SHAPE)
     assert te_compare.main(["run", "--out", str(tmp_path), "--device", "cpu", "--skip-probe", "--prompts", "3"]) == 0
     res = json.loads((tmp_path / "agreement.json").read_text())
     assert res["schema"] == "te/v1" and res["experiment"] == "h200" and {"gpu", "torch", "commit"} <= set(res["env"])
