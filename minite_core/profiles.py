@@ -19,7 +19,7 @@ MATHS = ("exact", "fast")
 ROUNDINGS = ("rne", "sr")
 FOUR_OVER_SIX = ("off", "mae", "mse")
 DTYPES = ("float32", "bfloat16")
-W4A4_GEMMS = ("reference", "vllm-cpu")
+W4A4_GEMMS = ("reference", "vllm-cpu", "te-ref")
 KERNEL_ROUNDINGS = ("rne", "rtz")
 DECODE_GEMMS = ("cached-bf16", "packed")
 
@@ -85,6 +85,10 @@ class Profile:
     # epilogue (an NVFP4 tensor core; vLLM's CUTLASS/FlashInfer path on sm_100). "vllm-cpu": vLLM's CPU
     # emulation kernel (kernels.vllm_cpu): global scale folded into the block scale, both operands rounded to
     # `dtype`, matmul in `dtype`; found by the trace against real vLLM (results/vllm-cpu). Needs static inputs.
+    # "te-ref": Transformer Engine 2.20's reference GEMM (NVFP4QuantizerRef.qgemm, what te.Linear runs on Hopper)
+    # in fprop, dgrad and wgrad (kernels.reference.gemm_te_reference): exact 16-element block dots of the codes
+    # times both block scales, summed in fp32 in K order, times amax_a·amax_b / (36·448²) — bitwise TE's
+    # (tests/test_te_gemm.py). Dynamic activation scales, per-matrix weight scales; for the TE comparisons only.
     w4a4_gemm: str = "reference"
     # RoPE rotation precision. None = `dtype`: x·cos, y·sin and their sum each rounded (transformers; vLLM's
     # CUDA kernel computes in scalar_t). "float32": products and sum in fp32 from the bf16 q/k and bf16 cos/sin
@@ -140,6 +144,12 @@ class Profile:
                 self.activation is not None and self.activation.static and self.weight.scale_mode == "tensor"):
             raise ValueError(f"profile {self.name!r}: w4a4_gemm='vllm-cpu' needs static per-tensor activation "
                              "scales and per-tensor weight scales (vLLM's W4A4 checkpoint layout)")
+        if self.w4a4_gemm == "te-ref" and self.weight is not None and (
+                self.activation is None or self.activation.static or self.fused_weight_scale
+                or self.decode_gemm != "cached-bf16" or self.batch_invariant):
+            raise ValueError(f"profile {self.name!r}: w4a4_gemm='te-ref' needs W4A4 with dynamic activation scales, "
+                             "per-matrix weight scales (fused_weight_scale=False), decode_gemm='cached-bf16' and "
+                             "batch_invariant=False (TE's te.Linear under a CustomRecipe)")
         _check("decode_gemm", self.decode_gemm, DECODE_GEMMS)
         if self.decode_gemm == "packed":
             act = self.activation

@@ -87,3 +87,41 @@ def load() -> types.ModuleType:
         for n in names:
             sys.modules.pop(n, None)
         sys.modules.update(saved)
+
+
+def te_reference_gemms(ref, mode, x, w, dy) -> dict:
+    """fprop, dgrad, wgrad (fp32 of TE's bf16 outputs) as custom_gemm (custom_recipes/gemm.py) calls
+    NVFP4QuantizerRef.qgemm for one te.Linear under `mode` (peers.te_learner.TEMode): `ref` = load()'s module."""
+    import torch
+
+    from minite_core.peers.te_learner import nvfp4_ref_factory
+
+    qf = nvfp4_ref_factory(mode, ref_module=ref)
+    qi, qw, qg = (qf(types.SimpleNamespace(module_type="linear", tensor_type=t, name=""))
+                  for t in ("input", "weight", "grad_output"))
+    X, W, DY = qi.quantize(x), qw.quantize(w), qg.quantize(dy)
+    G, bf16 = ref.gemm.GEMMType, torch.bfloat16
+    fprop = qi.qgemm(X.data, W.data, None, bf16, X.scale, W.scale, gemm_type=G.FPROP, qresult_x=X, qresult_w=W)
+    dgrad = qg.qgemm(DY.data, W.data_t, None, bf16, DY.scale, W.scale_t, gemm_type=G.DGRAD, qresult_x=DY,
+                     qresult_w=W)
+    wgrad = qg.qgemm(DY.data_t, X.data_t, None, bf16, DY.scale_t, X.scale_t, gemm_type=G.WGRAD, qresult_x=DY,
+                     qresult_w=X)
+    return {"fprop": fprop.float(), "dgrad": dgrad.float(), "wgrad": wgrad.float()}
+
+
+def quantlinear_gemms(profile, x, w, dy) -> dict:
+    """fprop, dgrad, wgrad (fp32) of our QuantLinear(weight w) under `profile` on the reference kernels."""
+    import torch
+
+    from minite_core.kernels.dispatch import using_backend
+    from minite_core.nn import QuantLinear
+
+    lin = QuantLinear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    lin.profile = profile
+    x_in = x.clone().requires_grad_(True)
+    with using_backend("reference"):
+        y = lin(x_in)
+        y.backward(dy)
+    return {"fprop": y.detach().float(), "dgrad": x_in.grad.float(), "wgrad": lin.weight.grad.float()}

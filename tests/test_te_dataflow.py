@@ -7,7 +7,8 @@ custom_recipes/gemm.py `custom_gemm` feeds them to `NVFP4QuantizerRef.qgemm`: fp
 - `te_compare.te_reference_dataflow` (TE's dataflow written with our formats) agrees to fp32 rounding: the
   remaining difference is qgemm's global scale amax_x·amax_w / (36·448²) vs our S_dec_x·S_dec_w and its per-block
   accumulation order;
-- our QuantLinear under the mode's `emulated_by` profile agrees as closely on all three, wgrad included, since
+- our QuantLinear under the mode's `emulated_by` profile agrees as closely on all three (bitwise, in fact: it runs
+  TE's qgemm order, w4a4_gemm="te-ref", tests/test_te_gemm.py), wgrad included, since
   the profile models the two wgrad choices TE's reference makes (found from te_compare's H200 GEMM table, where
   wgrad was 4e-2..9e-2 apart): the RHT'd wgrad operands rounded to bf16 (`wgrad_rht_dtype`, `nvfp4`), and the
   column-wise x^T scaled per row of x^T (`wgrad_input_scale_mode="row"`, `nvfp4-rowscaled`, `nvfp4-4over6`).
@@ -16,15 +17,15 @@ custom_recipes/gemm.py `custom_gemm` feeds them to `NVFP4QuantizerRef.qgemm`: fp
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minite_core.peers.te_compare import agreement, te_reference_dataflow
-from minite_core.peers.te_learner import MODES, nvfp4_ref_factory
+from minite_core.peers.te_learner import MODES
 from minite_core.nn import QuantLinear
 from tests import te_reference
+from tests.te_reference import te_reference_gemms
 
 OK, REASON = te_reference.available()
 pytestmark = pytest.mark.skipif(not OK, reason=REASON)
@@ -33,24 +34,6 @@ pytestmark = pytest.mark.skipif(not OK, reason=REASON)
 @pytest.fixture(scope="module")
 def ref():
     return te_reference.load()
-
-
-def _role(tensor_type):
-    return SimpleNamespace(module_type="linear", tensor_type=tensor_type, name="")
-
-
-def te_reference_gemms(ref, mode, x, w, dy) -> dict:
-    """fprop, dgrad, wgrad (fp32 of TE's bf16 outputs) as custom_gemm calls NVFP4QuantizerRef.qgemm."""
-    qf = nvfp4_ref_factory(mode, ref_module=ref)
-    qi, qw, qg = qf(_role("input")), qf(_role("weight")), qf(_role("grad_output"))
-    X, W, DY = qi.quantize(x), qw.quantize(w), qg.quantize(dy)
-    G, bf16 = ref.gemm.GEMMType, torch.bfloat16
-    fprop = qi.qgemm(X.data, W.data, None, bf16, X.scale, W.scale, gemm_type=G.FPROP, qresult_x=X, qresult_w=W)
-    dgrad = qg.qgemm(DY.data, W.data_t, None, bf16, DY.scale, W.scale_t, gemm_type=G.DGRAD, qresult_x=DY,
-                     qresult_w=W)
-    wgrad = qg.qgemm(DY.data_t, X.data_t, None, bf16, DY.scale_t, X.scale_t, gemm_type=G.WGRAD, qresult_x=DY,
-                     qresult_w=X)
-    return {"fprop": fprop.float(), "dgrad": dgrad.float(), "wgrad": wgrad.float()}
 
 
 def _operands(m=64, k=128, n=96, seed=0):

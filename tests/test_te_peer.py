@@ -3,13 +3,15 @@
 CPU (always): the adapter's plumbing against a stand-in with TE's API shape (tests/fake_te.py, plain-torch bf16
 GEMMs = our bf16 QuantLinear's): every decoder GEMM swapped for a TE module under the same name, router and LM head
 kept, the weights copied (or shared), rows padded to 32, experts without tokens skipped (per-expert) or padded
-(grouped), log-probs of the TE copy equal to ours bit for bit, a full update step.
+(grouped), log-probs of the TE copy equal to ours bit for bit, a full update step, te_compare's helpers with
+the first-divergence trace (bf16: no module apart; NVFP4 vs the stand-in's bf16: layer 0's q_proj first).
 GPU (`-m gpu`, real TE; skipped with the reason otherwise): TE's NVFP4QuantizerRef vs our formats on CUDA bit for
 bit, one te.Linear per mode vs our QuantLinear and vs TE's dataflow in our formats, end-to-end log-probs, and a
 full update step in every mode (bf16, FP8 current / blockwise where the GPU has them, NVFP4 reference).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -25,6 +27,7 @@ from minite_core.nn import GroupedLinear, QuantLinear
 from tests import fake_te, te_reference
 
 TE_OK, TE_REASON = te_learner.available()
+TE_SHAPE = PRESETS["tiny-moe"].replace(hidden_size=64, head_dim=16, intermediate_size=64, moe_intermediate_size=32)
 needs_te = pytest.mark.skipif(not TE_OK, reason=TE_REASON)
 
 
@@ -51,6 +54,11 @@ def fake(monkeypatch):
 
 def _model(seed=0):
     return CausalLM(PRESETS["tiny-moe"]).init_weights(seed, std=0.2)  # MoE, dense (layer 1), MoE layers
+
+
+def _te_shape_model(seed=0):
+    """tiny-moe with every GEMM's K a multiple of 32 (TE's reference qgemm needs it, NVFP4QuantizerRef.qgemm)."""
+    return CausalLM(TE_SHAPE).init_weights(seed, std=0.2)
 
 
 def _batch():
@@ -130,10 +138,28 @@ def test_compare_helpers_run_on_the_stand_in(fake):
         assert all(f"gemm/nvfp4/64x128x96/{out}/{sut}/rel" in r for sut in ("ours", "dataflow"))
     assert all(math.isfinite(v) for v in r.values())
     p, resp = _batch()
-    e2e = compare_e2e(_model(), p, resp, modes=("bf16", "nvfp4"))
-    assert e2e["e2e/bf16/ours-vs-te/max_abs_delta"] == 0.0 and "e2e/nvfp4/te-vs-te-bf16/k3" in e2e
+    # NVFP4 end to end against TE's reference forward on the stand-in (fake_te: its quantizers + qgemm), and the
+    # same mode emulated with our default fp32 GEMM (w4a4_gemm="reference"): the trace must find that one
+    nv = te_learner.MODES["nvfp4"]
+    fp32_gemm = dataclasses.replace(nv, name="nvfp4-fp32gemm",
+                                    emulated_by=nv.emulated_by.replace(w4a4_gemm="reference"))
+    modes = ("bf16", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6", fp32_gemm)
+    e2e = compare_e2e(_te_shape_model(), p, resp, modes=modes)
+    assert "e2e/nvfp4/te-vs-te-bf16/k3" in e2e and e2e["e2e/nvfp4/te-vs-te-bf16/max_abs_delta"] > 0
+    for mode in ("bf16", "nvfp4", "nvfp4-rowscaled", "nvfp4-4over6"):  # w4a4_gemm="te-ref": TE's to the bit
+        t = f"e2e/{mode}/trace/"
+        assert e2e[f"e2e/{mode}/ours-vs-te/max_abs_delta"] == 0.0 and e2e[t + "first_nonzero"] == "none", mode
+        assert {v for k, v in e2e.items() if k.startswith(t) and k.endswith("/rel")} == {0.0}, mode
+        assert e2e[t + "lm_head/eq_bf16"] == 1.0 and e2e[t + "model.layers.0.mlp.gate/routing_flip"] == 0.0
+    t = "e2e/nvfp4-fp32gemm/trace/"
+    first = e2e[t + "first_nonzero"]
+    assert first.split(".")[-1] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                    "gate_up", "down"), first  # a GEMM: the arithmetic knob
+    assert e2e[t + "model.layers.0.input_layernorm/rel"] == 0.0 < e2e[t + first + "/rel"]
+    assert e2e[t + "model.layers.0.self_attn.q_proj/step"] == 1.0 and t + "model.layers.0.mlp.experts.down/rel" in e2e
     md = _summary({**r, **e2e}, {"grouped/bf16/all-experts": "ok"})
     assert "| nvfp4/64x128x96 | wgrad |" in md and "| bf16/ours-vs-te |" in md and "all-experts`: ok" in md
+    assert "| nvfp4 (threshold 1e-03) | none | none |" in md and f"| nvfp4-fp32gemm (threshold 1e-03) | `{first}`" in md
 
 
 @pytest.mark.skipif(not REF_OK, reason=REF_REASON)
@@ -153,13 +179,15 @@ def test_cli_run_writes_te_v1_json(fake, monkeypatch, tmp_path):
 
     monkeypatch.setattr(te_learner, "available", lambda: (True, "stand-in"))
     monkeypatch.setattr(te_compare, "GEMM_SHAPES", ((64, 128, 96),))
-    monkeypatch.setattr(te_compare, "H200_RL_MODEL", PRESETS["tiny-moe"].replace(hidden_size=64, head_dim=16))
+    monkeypatch.setattr(te_compare, "H200_RL_MODEL", TE_SHAPE)
     assert te_compare.main(["run", "--out", str(tmp_path), "--device", "cpu", "--skip-probe", "--prompts", "3"]) == 0
     res = json.loads((tmp_path / "agreement.json").read_text())
     assert res["schema"] == "te/v1" and res["experiment"] == "h200" and {"gpu", "torch", "commit"} <= set(res["env"])
     assert set(res["errors"]) == {"mode/fp8-current", "mode/fp8-block"}  # the stand-in has no FP8
     assert "gemm/nvfp4-4over6/64x128x96/wgrad/dataflow/rel" in res["metrics"]
     assert "e2e/nvfp4-rowscaled/ours-vs-te/k3" in res["metrics"] and (tmp_path / "summary.md").exists()
+    assert res["metrics"]["e2e/bf16/trace/first_divergence"] == "none"
+    assert "first-divergence trace" in (tmp_path / "summary.md").read_text()
 
 
 def _diagnose_argv(ckpt, out, pairs, *extra):
@@ -282,6 +310,8 @@ def test_gpu_gemm_agreement(mode):
             assert r[f"{key}/{out}/dataflow/rel"] < 1e-3 and r[f"{key}/{out}/dataflow/eq_bf16"] > 0.99, out
         if f"{key}/{out}/ours/rel" in r:  # same quantizers (wgrad too: wgrad_rht_dtype, wgrad_input_scale_mode)
             assert r[f"{key}/{out}/ours/rel"] < (1e-2 if mode == "bf16" else 1e-3), (out, r[f"{key}/{out}/ours/rel"])
+        if mode.startswith("nvfp4"):  # emulated_by runs TE's qgemm order (w4a4_gemm="te-ref"): bitwise on CPU
+            assert r[f"{key}/{out}/ours/eq_bf16"] == 1.0, (out, r[f"{key}/{out}/ours/rel"])
 
 
 @pytest.mark.gpu
@@ -309,6 +339,7 @@ def test_gpu_e2e_logprobs():
     modes = tuple(m for m in te_learner.MODES if te_learner.mode_available(m)[0])
     r = compare_e2e(_gpu_model(), *task_batch(8, 0), modes=modes)
     assert r["e2e/bf16/ours-vs-te/max_abs_delta"] < 0.5  # the floor: both bf16
+    assert r["e2e/bf16/trace/first_nonzero"] == "none" or r["e2e/bf16/ours-vs-te/max_abs_delta"] > 0  # trace agrees
     for mode in modes[1:]:
         assert math.isfinite(r[f"e2e/{mode}/te-vs-te-bf16/k3"]), mode
         if te_learner.MODES[mode].emulated_by is not None:

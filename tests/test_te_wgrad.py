@@ -2,31 +2,24 @@
 pure torch: no TE needed) on CPU: fprop, dgrad and wgrad bitwise, the wgrad through the two profile knobs the H200
 comparison found (results/h200/te: wgrad 4e-2..9e-2 apart before them): `wgrad_rht_dtype="bfloat16"` (TE's
 reference rotates the bf16 operands in bf16) and `wgrad_input_scale_mode="row"` (row_scaled_nvfp4's column-wise
-xᵀ has one global scale per row of xᵀ). Both GEMMs are fp32 products of the same dequantized operands, so equal
-here to the bit; TE's own GEMM rounding is tests/test_te_dataflow.py's and the H200's."""
+xᵀ has one global scale per row of xᵀ). With the emulation's GEMM set to the dataflow's (w4a4_gemm="reference";
+emulated_by itself runs TE's qgemm order, tests/test_te_gemm.py) both GEMMs are fp32 products of the same
+dequantized operands, so equal here to the bit; TE's own GEMM rounding is tests/test_te_dataflow.py's and the H200's."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from minite_core.formats.rht import rht
-from minite_core.kernels.dispatch import using_backend
-from minite_core.nn import QuantLinear
 from minite_core.peers.te_compare import agreement, te_reference_dataflow
 from minite_core.peers.te_learner import MODES
 from minite_core.profiles import PROFILES
+from tests.te_reference import quantlinear_gemms
 
 
-def _gemms(profile, x, w, dy) -> dict:
-    lin = QuantLinear(w.shape[1], w.shape[0])
-    with torch.no_grad():
-        lin.weight.copy_(w)
-    lin.profile = profile
-    x_in = x.clone().requires_grad_(True)
-    with using_backend("reference"):
-        y = lin(x_in)
-        y.backward(dy)
-    return {"fprop": y.detach().float(), "dgrad": x_in.grad.float(), "wgrad": lin.weight.grad.float()}
+def _fp32_gemm(mode):
+    """The mode's emulation with the dataflow's fp32 GEMM (emulated_by runs TE's qgemm order: test_te_gemm.py)."""
+    return mode.emulated_by.replace(w4a4_gemm="reference")
 
 
 def _operands(m=48, k=64, n=32, seed=0):  # m not a multiple of 32: the token padding is exercised
@@ -41,7 +34,7 @@ def _operands(m=48, k=64, n=32, seed=0):  # m not a multiple of 32: the token pa
 def test_emulated_by_equals_te_dataflow_bitwise(name):
     mode = MODES[name]
     x, w, dy = _operands()
-    ours, flow = _gemms(mode.emulated_by, x, w, dy), te_reference_dataflow(x, w, dy, mode)
+    ours, flow = quantlinear_gemms(_fp32_gemm(mode), x, w, dy), te_reference_dataflow(x, w, dy, mode)
     for out in ("fprop", "dgrad", "wgrad"):  # in bf16, TE's output dtype (our wgrad is the fp32 master's dtype)
         assert torch.equal(ours[out].bfloat16(), flow[out].bfloat16()), (out, agreement(ours[out], flow[out]))
     rel = (ours["wgrad"] - flow["wgrad"]).norm() / flow["wgrad"].norm()
@@ -53,14 +46,15 @@ def test_emulated_by_equals_te_dataflow_bitwise(name):
 def test_knob_at_default_is_a_knob_apart(name, knob):
     mode = MODES[name]
     x, w, dy = _operands()
-    ours, flow = _gemms(mode.emulated_by.replace(**knob), x, w, dy), te_reference_dataflow(x, w, dy, mode)
+    ours, flow = quantlinear_gemms(_fp32_gemm(mode).replace(**knob), x, w, dy), te_reference_dataflow(x, w, dy, mode)
     assert agreement(ours["wgrad"], flow["wgrad"].bfloat16())["rel"] > 1e-2
 
 
 def test_te_nvfp4_profile_carries_te_rht_dtype():
     """The te-nvfp4 profile itself (SR grads) rotates in bf16; at RNE it is the `nvfp4` mode's emulation."""
     assert PROFILES["te-nvfp4"].wgrad_rht_dtype == "bfloat16"
-    assert MODES["nvfp4"].emulated_by == PROFILES["te-nvfp4"].replace(name="te-nvfp4-rne", **{"grad.rounding": "rne"})
+    assert MODES["nvfp4"].emulated_by == PROFILES["te-nvfp4"].replace(name="te-nvfp4-rne-teref", w4a4_gemm="te-ref",
+                                                                      **{"grad.rounding": "rne"})
     for name, p in PROFILES.items():  # every other profile keeps its numerics (the defaults)
         if name not in ("te-nvfp4", "te-nvfp4-r3"):
             assert p.wgrad_rht_dtype == "float32" and p.wgrad_input_scale_mode == "tensor", name

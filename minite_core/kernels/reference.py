@@ -1,10 +1,12 @@
 """Plain-torch references of every kernel in this package (no Triton): what the CPU runs, and what the Triton
-kernels are tested against — codes and scales bitwise, GEMM outputs to fp32 accumulation order."""
+kernels are tested against — codes and scales bitwise, GEMM outputs to fp32 accumulation order — plus
+`gemm_te_reference`, Transformer Engine's own reference GEMM order (a profile knob, no Triton counterpart)."""
 from __future__ import annotations
 
 import torch
 
 from minite_core.formats import nvfp4 as ref
+from minite_core.formats.e2m1 import e2m1_decode, unpack_fp4
 
 
 def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, rounding="rne", math="exact",
@@ -34,6 +36,29 @@ def quantize_reference(x, *, block=(1, 16), scale_mode="tensor", amax=None, roun
 def gemm_reference(a: ref.NVFP4Tensor, b: ref.NVFP4Tensor, out_dtype=torch.float32) -> torch.Tensor:
     """Plain torch: dequantize both fully in fp32 and multiply in fp32 (float64 when on CPU for a tight check)."""
     return (ref.dequantize(a) @ ref.dequantize(b).t()).to(out_dtype)
+
+
+def gemm_te_reference(a: ref.NVFP4Tensor, b: ref.NVFP4Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor,
+                      e4m3_max=(448.0, 448.0), out_dtype=torch.float32) -> torch.Tensor:
+    """a_hat @ b_hat^T [M, N] in the arithmetic of Transformer Engine 2.20's `NVFP4QuantizerRef.qgemm`
+    (custom_recipes/reference_nvfp4.py: the GEMM every te.Linear runs under a CustomRecipe, i.e. TE's NVFP4 on
+    Hopper), profile knob w4a4_gemm="te-ref". Per 16-element K block: the dot product of the E2M1 code values
+    (exact in fp32 in any order: multiples of 1/4 below 2^10), times the two E4M3 block scales (their product and
+    that product times the dot are exact); the blocks summed into an fp32 accumulator in ascending K order (the
+    only rounding before the epilogue); then times alpha = fp32(amax_a·amax_b) / (36·E_a·E_b), E = the operand's
+    E4M3 global bound (448; 256 for 4over6) — TE's global scale comes from the two amaxes, not from the S_dec
+    = 1 / (2688 / amax) the operands store — and one rounding to out_dtype. amax_a / amax_b: [] per tensor, or
+    one per row ([R] or [R, 1]) of a / b. Plain torch on any device; K / 16 small matmuls."""
+    m, k = a.shape
+    qa, qb = (e2m1_decode(unpack_fp4(t.data)) for t in (a, b))  # fp32 code values
+    sa, sb = a.scale.float(), b.scale.float()  # (M, K/16), (N, K/16)
+    y = torch.zeros(m, b.shape[0], dtype=torch.float32, device=qa.device)
+    for j in range(k // ref.BLOCK):
+        blk = slice(j * ref.BLOCK, (j + 1) * ref.BLOCK)
+        y += torch.outer(sa[:, j], sb[:, j]) * (qa[:, blk] @ qb[:, blk].t())
+    alpha = torch.div(amax_a.float().reshape(-1, 1) * amax_b.float().reshape(1, -1),
+                      36.0 * float(e4m3_max[0]) * float(e4m3_max[1]))
+    return (alpha * y).to(out_dtype)
 
 
 def grouped_gemm_reference(a: ref.NVFP4Tensor, b_experts: list[ref.NVFP4Tensor], offs, out_dtype=torch.float32):

@@ -47,8 +47,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
                                   "profile or one process for an MoE model")
-    # per-channel xᵀ scales (Profile.wgrad_input_scale_mode="row") have no grouped kernel: the reference loop
-    if dispatch.fast_path(x) and profile.wgrad_input_scale_mode == "tensor":
+    # per-channel xᵀ scales (Profile.wgrad_input_scale_mode="row") and TE's reference GEMM (w4a4_gemm="te-ref")
+    # have no grouped kernel: the reference loop
+    if dispatch.fast_path(x) and profile.wgrad_input_scale_mode == "tensor" and profile.w4a4_gemm != "te-ref":
         if profile.weight is None:  # no seeds, the cache holds this module's slice: expert_offset changes nothing
             return _grouped_bf16(x, weight, layout, profile, cache)
         if profile.activation is not None and profile.activation.static and input_amax is None:

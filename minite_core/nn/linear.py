@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
+from minite_core.formats.rht import rht as rht_fn
 from minite_core.kernels import dispatch, vllm_cpu
+from minite_core.kernels.reference import gemm_te_reference
 from minite_core.nn.fp32_split import fp32_split_linear
 from minite_core.nn.shard import TokenShard, current as current_shard, global_amax
 from minite_core.profiles import PROFILES, Profile, Quant
@@ -182,6 +184,17 @@ def _shard_amax(x: torch.Tensor, shard: TokenShard | None, spec: Quant | None = 
     return global_amax(x, shard, rht=rht, rht_dtype=rht_dtype)
 
 
+def _te_amax(t: torch.Tensor, scale_mode: str = "tensor", *, rht: bool = False, rht_dtype: str = "float32"):
+    """The amax TE's NVFP4QuantizerRef keeps beside a quantized operand (global_amax_row / _col) for the epilogue of
+    its GEMM (profile knob w4a4_gemm="te-ref"): of the operand as quantized (RHT'd when it is), [] or per row [R, 1]."""
+    a = (rht_fn(t.detach(), rht_dtype) if rht else t.detach()).float().abs()
+    return a.amax(dim=1, keepdim=True) if scale_mode == "row" else a.amax()
+
+
+def _e4m3_bound(spec: Quant) -> float:
+    return 256.0 if spec.four_over_six != "off" else 448.0  # the E4M3 global bound 4over6 quantizes with (TE's)
+
+
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused):
@@ -194,7 +207,16 @@ class _NVFP4Linear(torch.autograd.Function):
         if shard is not None and profile.grad is not None and x.shape[0] % 16:
             raise ValueError(f"a token shard of {x.shape[0]} tokens: the wgrad's 16-token blocks would straddle "
                              "ranks; give each rank a multiple of 16 tokens (rows x padded length)")
-        if profile.decode_gemm == "packed" and dispatch.fast_path(x):  # packed-weight GEMM (profiles.py)
+        te_ref = profile.w4a4_gemm == "te-ref"  # TE's reference GEMM order (profiles.py); fprop, dgrad, wgrad
+        if te_ref and shard is not None:
+            raise NotImplementedError(f"profile {profile.name!r}: w4a4_gemm='te-ref' on a token shard (its amaxes "
+                                      "would need an all-reduce); run it on one process")
+        if te_ref:
+            w_q = _weight_operand(weight, profile.weight, cache, (key, "n"), fused, packed=True)
+            y = gemm_te_reference(_q(x.detach(), profile.activation), w_q, _te_amax(x, profile.activation.scale_mode),
+                                  _te_amax(weight), (_e4m3_bound(profile.activation), _e4m3_bound(profile.weight)),
+                                  x.dtype)
+        elif profile.decode_gemm == "packed" and dispatch.fast_path(x):  # packed-weight GEMM (profiles.py)
             if shard is not None:
                 raise NotImplementedError("decode_gemm='packed' on a data-parallel token shard; it is a sampler knob")
             amax = input_amax if profile.activation is not None and profile.activation.static else None
@@ -224,6 +246,8 @@ class _NVFP4Linear(torch.autograd.Function):
             x_t_q, _ = dispatch.quantize_cols(x_p, spec, amax=_shard_amax(x_p.t(), shard, **rht),
                                               scale_mode=profile.wgrad_input_scale_mode, **rht)  # xᵀ (K, M')
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
+            if te_ref:  # the amax of xᵀ for the wgrad epilogue
+                saved += (_te_amax(x_p.t(), profile.wgrad_input_scale_mode, **rht),)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
 
@@ -235,11 +259,15 @@ class _NVFP4Linear(torch.autograd.Function):
             raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
         dy = dy.float()
         dx = dw = None
+        te_ref = profile.w4a4_gemm == "te-ref"  # TE's reference GEMM (profiles.py): packed operands + amaxes
         if ctx.needs_input_grad[0]:
-            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=True, amax=_shard_amax(dy, shard, profile.grad),
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=not te_ref, amax=_shard_amax(dy, shard, profile.grad),
                       sr_origin=None if shard is None else (shard.offset, 0))  # (M, N) along N
-            w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused)  # (K, N) along N
-            dx = gemm_nt(dy_q, w_t_q, ctx.x_dtype)
+            w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused,
+                                    packed=te_ref)  # (K, N) along N
+            dx = (gemm_te_reference(dy_q, w_t_q, _te_amax(dy), _te_amax(weight),
+                                    (_e4m3_bound(profile.grad), _e4m3_bound(profile.weight)), ctx.x_dtype)
+                  if te_ref else gemm_nt(dy_q, w_t_q, ctx.x_dtype))
         if ctx.needs_input_grad[1]:
             dy_p = _pad_tokens(dy)
             origin = {} if shard is None else {"sr_origin": (0, shard.offset)}
@@ -248,9 +276,14 @@ class _NVFP4Linear(torch.autograd.Function):
                 dy_p, profile.grad, seed=wgrad_seed(seed), emit_dq=True, amax=_shard_amax(dy_p.t(), shard, **rht),
                 **rht, **origin)  # dyᵀ (N, M')
             dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
-            x_t = NVFP4Tensor(*x_t_parts)
-            x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
-            dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
+            x_t = NVFP4Tensor(*x_t_parts[:3])
+            if te_ref:
+                dw = gemm_te_reference(dy_t, x_t, _te_amax(dy_p.t(), **rht), x_t_parts[3],
+                                       (_e4m3_bound(profile.grad), _e4m3_bound(profile.activation or profile.grad)),
+                                       weight.dtype)
+            else:
+                x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
+                dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
         return dx, dw, None, None, None, None, None, None
 
 

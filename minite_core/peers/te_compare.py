@@ -10,14 +10,24 @@ writes results/<exp>/te/agreement.json (schema te/v1; every number measured in t
 - gemm/<mode>/<M>x<K>x<N>/<out>/<sut>/{max_abs,rel,eq_bf16}: one GEMM forward output (fprop), dgrad, wgrad of a
   `te.Linear` under the mode vs (sut=ours) our `QuantLinear` under `mode.emulated_by` on the same bf16 input,
   fp32 weight and bf16 output gradient, and vs (sut=dataflow) TE's reference dataflow written with our `formats`
-  (every operand quantized as NVFP4QuantizerRef quantizes it, RHT rounded to bf16, fp32 GEMM): what remains
-  between `ours` and `dataflow` is a knob of our profile (none left on CPU: tests/test_te_wgrad.py), what remains between `dataflow` and TE is GEMM
-  rounding. rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 = fraction equal once both are in bf16 (TE's output
-  dtype). quant_rel = ‖TE − exact‖ / ‖exact‖ (exact: the fp32 GEMM of the unquantized operands) sizes the
+  (every operand quantized as NVFP4QuantizerRef quantizes it, RHT rounded to bf16, fp32 GEMM). `ours` runs TE's
+  reference GEMM order (emulated_by's w4a4_gemm="te-ref": bitwise TE's qgemm on CPU, tests/test_te_gemm.py), so
+  any difference left there is an input to the GEMM; `dataflow` keeps the plain fp32 GEMM, so what remains between
+  it and TE is GEMM rounding (results/h200/te at f4f5852: eq_bf16 0.9996-0.9999), and it equals `ours` under
+  w4a4_gemm="reference" bit for bit (tests/test_te_wgrad.py). rel = ‖a − b‖_F / ‖b‖_F with b = TE; eq_bf16 =
+  fraction equal once both are in bf16 (TE's output dtype). quant_rel = ‖TE − exact‖ / ‖exact‖ (exact: the fp32 GEMM of the unquantized operands) sizes the
   quantization error the agreement is to be read against.
 - e2e/<pair>/*: learner log-probs of task responses on one checkpoint (N prompts, teacher-forced gold answers):
   max |Δ| and the mismatch metrics (k3, ...) of ours vs TE's, per mode — bf16 vs TE bf16 is the floor the NVFP4
   pairs are judged against — and TE <mode> vs TE bf16 (the quantization effect).
+- e2e/<mode>/trace/*: the first-divergence trace of those two forwards (ours under emulated_by, TE's copy; the
+  same input, module names shared): forward hooks on every module of the decoder layers (norms, attention, each
+  GEMM, router, MLP / MoE and experts, the layer), the final norm and the LM head. Per module `<name>/step`
+  (position in our execution order), `<name>/rel` = ‖ours − TE‖_F / ‖TE‖_F over all rows (pads included; inf
+  when the shapes differ, e.g. expert rows after a routing flip) and `<name>/eq_bf16`; `first_nonzero` and
+  `first_divergence`: the first module with rel > 0 / rel > `threshold` (engines.mismatch.TRACE_THRESHOLD), or
+  "none" — the op to give the profile a knob for; routers also `<name>/routing_flip` (tokens whose top-k set
+  differs: past a flip, expert rows are shifted and their rel is no longer arithmetic).
 - grouped_probe: te.GroupedLinear forward + backward in a subprocess (bf16 with and without the grouped-tensor
   path, FP8 current / blockwise; routings: every expert 512 tokens, one expert none, 512 tokens in all at random),
   each "ok" or the error text: the `create_2D_tensor_map: invalid argument` failure seen once. From TE's
@@ -35,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +53,7 @@ from pathlib import Path
 import torch
 
 from minite_core.engines.learner import Learner
-from minite_core.engines.mismatch import mismatch_metrics
+from minite_core.engines.mismatch import TRACE_THRESHOLD, mismatch_metrics, rel_error
 from minite_core.formats.e2m1 import unpack_fp4
 from minite_core.formats.four_over_six import quantize_4over6
 from minite_core.formats.nvfp4 import dequantize, quantize
@@ -190,6 +201,53 @@ def compare_quantizers(*, seed: int = 0, m: int = 256, k: int = 512, device: str
 
 
 # ---- end to end -------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def record_outputs(model, names):
+    """Forward hooks on `model`'s modules `names`: yields {name: [output (n, F) fp32, one per call]}, its keys in
+    the order the modules first ran (a tuple output: its first element)."""
+    rec, handles = {}, []
+    for name in names:
+        def hook(module, args, out, _name=name):
+            t = out[0] if isinstance(out, tuple) else out
+            rec.setdefault(_name, []).append(t.detach().float().reshape(-1, t.shape[-1]))
+        handles.append(model.get_submodule(name).register_forward_hook(hook))
+    try:
+        yield rec
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def trace_names(model) -> list[str]:
+    """The traced modules: every module of the decoder layers (norms, attention, q/k/v/o, MLP / MoE, router,
+    experts, each GEMM), the final norm and the LM head — names the TE copy shares (te_learner docstring)."""
+    return [n for n, _ in model.named_modules() if n.startswith("model.layers.")] + ["model.norm", "lm_head"]
+
+
+def trace_compare(ours: dict, te: dict, key: str, threshold: float = TRACE_THRESHOLD,
+                  top_k: int | None = None) -> dict:
+    """Per module in our execution order: rel = ‖ours − TE‖ / ‖TE‖ and eq_bf16 (fraction of elements equal once
+    both are rounded to bf16; rel = inf and eq_bf16 = 0 where the shapes differ), and the first module whose
+    rel > 0 / > threshold ("none" if no module). Routers (`*.mlp.gate`, with top_k): routing_flip, the fraction of
+    tokens whose top-k expert set differs — after a flip the experts' rows (sorted by expert) no longer align, so
+    their rel measures the shift, not arithmetic. -> {f"{key}/...": ...}."""
+    out, first = {f"{key}/threshold": threshold}, {"first_nonzero": "none", "first_divergence": "none"}
+    for step, (name, chunks) in enumerate(ours.items()):
+        a, b = torch.cat(chunks), torch.cat(te[name]) if name in te else None
+        if b is None or a.shape != b.shape:
+            rel, eq = math.inf, 0.0
+        else:
+            rel, eq = rel_error(b, a), float((a.bfloat16() == b.bfloat16()).double().mean())
+        out.update({f"{key}/{name}/step": float(step), f"{key}/{name}/rel": rel, f"{key}/{name}/eq_bf16": eq})
+        if top_k and name.endswith(".mlp.gate") and b is not None and a.shape == b.shape:
+            sets = [t.topk(top_k, dim=-1).indices.sort(-1).values for t in (a, b)]
+            out[f"{key}/{name}/routing_flip"] = float((sets[0] != sets[1]).any(-1).double().mean())
+        for which, limit in (("first_nonzero", 0.0), ("first_divergence", threshold)):
+            if first[which] == "none" and rel > limit:
+                first[which] = name
+    return out | {f"{key}/{k}": v for k, v in first.items()}
+
+
 def task_batch(n: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
     """n task prompts (<bos> + prompt) and their gold responses (+ <eos>), three difficulty levels."""
     return encode(build_tokenizer(), [make_example(example_seed(seed, i), i % 3) for i in range(n)])
@@ -202,23 +260,30 @@ def _pair(key: str, lp_a, lp_b, mask, am_a, am_b) -> dict:
 
 
 def compare_e2e(model: CausalLM, prompts, responses, *, modes=tuple(MODES),
-                backend: str | None = "reference") -> dict:
+                backend: str | None = "reference", trace: bool = True) -> dict:
     """Learner log-probs of the same tokens: ours (mode.emulated_by) vs TE's (TELearner), where we emulate the
-    mode, and TE <mode> vs TE bf16 (the quantization effect). Modes must start with bf16 (the floor)."""
+    mode, and TE <mode> vs TE bf16 (the quantization effect). Modes must start with bf16 (the floor).
+    trace: also the first-divergence trace of the same forwards (`trace_compare`, keys e2e/<mode>/trace/...)."""
     if modes[0] != "bf16":
         raise ValueError(f"compare_e2e needs 'bf16' first (the floor every pair is read against), got {modes}")
     out, te_bf16 = {}, None
     for name in modes:
         mode = get_mode(name)
         te = te_learner.TELearner(model, mode)
-        lp_te, _, mask, am_te = te.logprobs(prompts, responses, with_argmax=True)
+        traced = mode.emulated_by is not None and trace
+        with record_outputs(te.model, trace_names(model) if traced else []) as te_out:
+            lp_te, _, mask, am_te = te.logprobs(prompts, responses, with_argmax=True)
         del te
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if mode.emulated_by is not None:
-            with kernels(backend):
+            with kernels(backend), record_outputs(model, trace_names(model) if traced else []) as ours_out:
                 lp, _, _, am = Learner(model, mode.emulated_by).logprobs(prompts, responses, with_argmax=True)
             out.update(_pair(f"e2e/{mode.name}/ours-vs-te", lp, lp_te, mask, am, am_te))
+            if traced:
+                out.update(trace_compare(ours_out, te_out, f"e2e/{mode.name}/trace",
+                                         top_k=model.config.num_experts_per_tok))
+        del te_out
         if te_bf16 is None:
             te_bf16 = (lp_te, am_te)
         else:
@@ -297,6 +362,18 @@ def _summary(metrics: dict, probe: dict) -> str:
         base = key[: -len("/k3")]
         lines.append(f"| {base[len('e2e/'):]} | {metrics[base + '/max_abs_delta']:.3e} | {metrics[key]:.3e} | "
                      f"{metrics[base + '/argmax_flip']:.4f} |")
+    traced = sorted(k[: -len("/first_divergence")] for k in metrics if k.endswith("/trace/first_divergence"))
+    if traced:
+        lines += ["", "| first-divergence trace (ours vs TE, execution order) | first rel > 0: rel / eq bf16 | "
+                  "first rel > threshold: rel / eq bf16 |", "|---|---|---|"]
+    for base in traced:
+        cells = []
+        for which in ("first_nonzero", "first_divergence"):
+            name = metrics[f"{base}/{which}"]
+            cells.append(name if name == "none" else
+                         f"`{name}`: {metrics[f'{base}/{name}/rel']:.2e} / {metrics[f'{base}/{name}/eq_bf16']:.4f}")
+        mode = base[len("e2e/"):-len("/trace")]
+        lines.append(f"| {mode} (threshold {metrics[base + '/threshold']:.0e}) | {cells[0]} | {cells[1]} |")
     lines += ["", "| quantizer (TE NVFP4QuantizerRef vs formats, CUDA) | codes equal | scales equal |", "|---|---|---|"]
     for key in sorted(k for k in metrics if k.startswith("quantizer/") and k.endswith("/codes_equal")):
         base = key[: -len("/codes_equal")]

@@ -31,7 +31,14 @@ TE does, `wgrad_rht_dtype`). `nvfp4-rowscaled` is TE's `row_scaled_nvfp4`
 per-token activations; `nvfp4-4over6` adds TE's 4over6 (nvfp4_4over6="all": weights and activations, E4M3
 bound 256, MAE; quantization.py `NVFP4BlockScalingRecipeState.make_quantizers`). row_scaled_nvfp4 also scales the
 column-wise xᵀ of wgrad per row of xᵀ, so their `emulated_by` set `wgrad_input_scale_mode="row"` (minite's own
-xᵀ is per tensor).
+xᵀ is per tensor). Every NVFP4 `emulated_by` also computes its GEMMs in the order of TE's reference GEMM
+(`w4a4_gemm="te-ref"`, kernels.reference.gemm_te_reference: exact per-16-block code dot products times both
+block scales, fp32 sum in K order, times amax_a·amax_b / (36·448²); bitwise on CPU, tests/test_te_gemm.py): that
+GEMM is what te.Linear runs on Hopper, so with it the comparison is ours vs TE to the bit, per GEMM and end to
+end, wherever the inputs agree. This is a choice for the TE-reference comparison only: the te-nvfp4 profile
+keeps the default GEMM ("reference": dequantize with S_dec, one fp32 matmul), the arithmetic of TE's *native*
+recipe on an FP4 tensor core (global scales in the epilogue, hardware accumulation order), which is what it
+emulates; `te_compare`'s `dataflow` rows keep that fp32 GEMM beside it.
 
 Not here: TE's native NVFP4 kernels (sm_100+; this is the reference arithmetic run by TE's modules). The expert
 loop (one te.Linear per expert) is a Python loop with one host sync per grouped GEMM (`counts.tolist()`), as our
@@ -60,7 +67,8 @@ ROW_MULTIPLE = 32  # token padding of every TE GEMM (module docstring)
 EXPERT_PATHS = ("per-expert", "grouped")
 
 _FP32_HEAD = PROFILES["bf16"].replace(name="bf16+fp32-router-head", router_dtype="float32", lm_head_dtype="float32")
-_GRAD_RNE = {"grad.rounding": "rne"}  # NVFP4QuantizerRef rounds gradients to nearest (no SR option)
+# NVFP4QuantizerRef rounds gradients to nearest (no SR option); its qgemm's order of operations (w4a4_gemm)
+_GRAD_RNE = {"grad.rounding": "rne", "w4a4_gemm": "te-ref"}
 # row_scaled_nvfp4 scales TE's column-wise xᵀ per row of xᵀ (per input channel); minite's xᵀ is per tensor
 _TE_ROW_SCALED = {**_GRAD_RNE, "fused_weight_scale": False, "wgrad_input_scale_mode": "row"}
 
@@ -88,13 +96,13 @@ MODES: dict[str, TEMode] = {m.name: m for m in (
     TEMode("bf16", "none", emulated_by=PROFILES["bf16"]),
     TEMode("fp8-current", "fp8-current"),
     TEMode("fp8-block", "fp8-block"),
-    TEMode("nvfp4", "nvfp4-ref", emulated_by=PROFILES["te-nvfp4"].replace(name="te-nvfp4-rne", **_GRAD_RNE)),
+    TEMode("nvfp4", "nvfp4-ref", emulated_by=PROFILES["te-nvfp4"].replace(name="te-nvfp4-rne-teref", **_GRAD_RNE)),
     # miniTE's per-token activations; TE scales each Linear's weight alone, so our side drops the fused scales
     TEMode("nvfp4-rowscaled", "nvfp4-ref", host=_FP32_HEAD, weight_tile=(1, 16), rht=False, row_scaled=True,
-           emulated_by=PROFILES["minite"].replace(name="minite-unfused-rne-rowxt", **_TE_ROW_SCALED)),
+           emulated_by=PROFILES["minite"].replace(name="minite-unfused-rne-rowxt-teref", **_TE_ROW_SCALED)),
     TEMode("nvfp4-4over6", "nvfp4-ref", host=_FP32_HEAD, weight_tile=(1, 16), rht=False, row_scaled=True,
            four_over_six="mae", emulated_by=PROFILES["minite-4over6"].replace(
-               name="minite-4over6-unfused-rne-rowxt", **_TE_ROW_SCALED)),
+               name="minite-4over6-unfused-rne-rowxt-teref", **_TE_ROW_SCALED)),
 )}
 
 
