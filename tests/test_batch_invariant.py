@@ -71,9 +71,13 @@ def _layouts(B=2, H=2, Hkv=1, T=37, Dh=16, pad=5, S=64, seed=5):
     return q, k, v, kc, vc, prefill
 
 
-def test_attention_same_bits_for_learner_prefill_and_decode():
+@pytest.mark.parametrize("kernel", ["row", "tile"])
+def test_attention_same_bits_for_learner_prefill_and_decode(kernel):
+    from functools import partial
+
     from minite_core.kernels.attention import attention_triton
 
+    attention_triton = partial(attention_triton, kernel=kernel)  # noqa: F811
     q, k, v, kc, vc, prefill = _layouts()
     learner = attention_triton(q, k, v, None)  # causal, keys from slot 0
     assert torch.equal(attention_triton(q, kc, vc, prefill), learner)  # left-padded prefill, longer cache
@@ -83,6 +87,77 @@ def test_attention_same_bits_for_learner_prefill_and_decode():
     assert torch.equal(attention_triton(q[:1], k[:1], v[:1], None), learner[:1])  # batch-mates
     ref = attention_reference(q, k, v, None)
     assert (learner.float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()  # one bf16 rounding of the output
+
+
+# one bf16 rounding of the output (half an ulp <= 2^-8 |ref|) plus fp32 accumulation order (values O(1))
+ATTN_TOL = dict(rel=2 ** -8, abs=1e-5)
+
+
+def _check_attention_rows(kernel, B=3, H=4, Hkv=2, T=64, Dh=16, S=96, lens=(37, 64, 1), decode=None, seed=11):
+    """The model's own masks (CausalLM._mask / _cached_mask): a learner call (T queries, right padding: mask None
+    and the padded key mask), a left-padded prefill into an S-slot cache whose unwritten slots hold NaN, decode
+    calls (T = 1) at every cache length in `decode` (None: all) in the full and in a tight cache, one batch row
+    alone, a prefill chunk that shifts every row's place in its tile, and a fully masked query row. Each real
+    query row has the same bits in all of them; the learner agrees with the fp32 reference within ATTN_TOL."""
+    from minite_core.kernels.attention import attention_triton
+
+    att = lambda *a: attention_triton(*a, kernel=kernel)  # noqa: E731
+    q, k, v = (_randn(B, h, T, Dh, seed=seed + i, dtype=torch.bfloat16) for i, h in enumerate((H, Hkv, Hkv)))
+    real = torch.arange(T, device=DEV)[None] < torch.tensor(lens, device=DEV)[:, None]  # (B, T) right padding
+    learner = att(q, k, v, None)  # (B, H, T, Dh)
+    padded = att(q, k, v, CausalLM._mask(real, B, T, DEV))
+    ref = attention_reference(q, k, v, None)
+    for b, n in enumerate(lens):
+        assert torch.equal(padded[b, :, :n], learner[b, :, :n]), b
+        err = (learner[b, :, :n].float() - ref[b, :, :n]).abs()
+        assert (err <= ATTN_TOL["rel"] * ref[b, :, :n].abs() + ATTN_TOL["abs"]).all(), (b, float(err.max()))
+    # the sampler's cache: row b's token j at slot pad_b + j (left padding), pads before, NaN in unwritten slots
+    pads = [T - n for n in lens]
+    qc, kc, vc = (_randn(B, t.shape[1], S, Dh, seed=seed + 5 + i, dtype=torch.bfloat16) for i, t in enumerate((q, k, v)))
+    kc[:, :, T:], vc[:, :, T:] = float("nan"), float("nan")
+    for b, p in enumerate(pads):
+        for dst, src in ((qc, q), (kc, k), (vc, v)):
+            dst[b, :, p:T] = src[b, :, :T - p]
+    slot = torch.arange(S, device=DEV)
+    valid = (slot[None] >= torch.tensor(pads, device=DEV)[:, None]) & (slot[None] < T)  # (B, S)
+    mask = CausalLM._cached_mask(valid, slot[:T])  # (B, 1, T, S)
+    prefill = att(qc[:, :, :T], kc, vc, mask)
+
+    def same(out, t_lo, what):  # out (B, H, T', Dh) holds queries t_lo.. of the prefill
+        for b, p in enumerate(pads):
+            lo = max(p, t_lo)
+            got, want = out[b, :, lo - t_lo:T - t_lo], learner[b, :, lo - p:T - p]
+            assert torch.equal(got, want), (what, b, float((got.float() - want.float()).abs().max()))
+
+    same(prefill, 0, "prefill")
+    alone = att(qc[1:2, :, :T], kc[1:2], vc[1:2], mask[1:2])
+    assert torch.equal(alone, prefill[1:2]), "batch of one"
+    same(att(qc[:, :, 5:T], kc, vc, mask[:, :, 5:]), 5, "prefill chunk from query 5")
+    holed = mask.clone()
+    holed[0, 0, T - 3] = False  # a fully masked query row among real ones
+    out = att(qc[:, :, :T], kc, vc, holed)
+    assert out[0, :, T - 3].isnan().all() and attention_reference(qc[:, :, :T], kc, vc, holed)[0, :, T - 3].isnan().all()
+    out[0, :, T - 3] = prefill[0, :, T - 3]
+    assert torch.equal(out, prefill), "a fully masked tile-mate"
+    for t in range(T) if decode is None else decode:  # decode: one query at slot t over the cache so far
+        vt = valid & (slot[None] <= t)
+        dec = att(qc[:, :, t:t + 1], kc, vc, CausalLM._cached_mask(vt, slot[t:t + 1]))
+        tight = att(qc[:, :, t:t + 1], kc[:, :, :t + 1], vc[:, :, :t + 1],
+                    CausalLM._cached_mask(vt[:, :t + 1], slot[t:t + 1]))
+        for b, p in enumerate(pads):
+            if t >= p:
+                assert torch.equal(dec[b, :, 0], prefill[b, :, t]) and torch.equal(tight[b, :, 0], dec[b, :, 0]), (b, t)
+
+
+def test_attention_rows_same_bits_across_calls_tiled():
+    """Two tiles of 64 queries; decode at block and tile edges and at each row's first real slot (pads 63, 0, 99)."""
+    _check_attention_rows("tile", T=100, S=140, lens=(37, 100, 1), decode=(0, 31, 32, 62, 63, 64, 65, 96, 98, 99))
+
+
+def test_attention_rows_same_bits_across_calls_per_query():
+    """The same checks hold for the per-query kernel (verified bitwise on the H200), smaller: its interpreter
+    run costs a program per query."""
+    _check_attention_rows("row", B=2, H=2, Hkv=1, T=40, S=56, lens=(37, 40), decode=(0, 2, 3, 34, 35, 39))
 
 
 def test_attention_backward_is_the_reference_gradient():

@@ -25,6 +25,7 @@ Shape legend: B = batch, H = query heads, Hkv = kv heads, T = queries, S = key s
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -33,6 +34,9 @@ import triton.language as tl
 from minite_core.kernels import interpret  # noqa: F401  (its interpreter fixes: bf16 RNE casts, scalar loop bounds)
 
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
+BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
+KERNELS = ("row", "tile")
+ENV_VAR = "MINITE_ATTENTION"
 
 
 @triton.jit
@@ -78,6 +82,61 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
     tl.store(o_ptr + row * DH + rd, out.to(o_ptr.dtype.element_ty), mask=dmask)
 
 
+@triton.jit(do_not_specialize=["H", "T", "S", "GROUP"])  # one binary for T = 1 and T = 16k, any S
+def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
+                           H, T, S, GROUP, scale,
+                           HAS_MASK: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the tiled variant (module docstring): one program per (b, h, tile of BLOCK_M queries); same layouts as above
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(T, BLOCK_M)
+    tile = pid % n_tiles
+    h = (pid // n_tiles) % H
+    b = pid // (n_tiles * H)
+    hkv = h // GROUP
+    Hkv = H // GROUP
+    rm = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query index t of each row
+    rd = tl.arange(0, BLOCK_D)
+    row_ok = rm < T
+    dmask = rd < DH
+    qo = ((b * H + h).to(tl.int64) * T + rm)[:, None] * DH + rd[None, :]
+    qm = row_ok[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + qo, mask=qm, other=0.0)  # (BLOCK_M, BLOCK_D) bf16
+    kv_base = (b * Hkv + hkv).to(tl.int64) * S * DH
+    bt = b.to(tl.int64) * T + rm
+    start = tl.load(start_ptr + bt, mask=row_ok, other=0)
+    end = tl.load(end_ptr + bt, mask=row_ok, other=0)
+    live = row_ok & (end > start)  # rows with at least one key (empty rows have start = end = 0)
+    base = tl.max(tl.where(live, start, 0), axis=0)  # the real rows' start: blocks are aligned to it
+    lo = tl.min(tl.where(live, start, base), axis=0)
+    hi = tl.max(tl.where(live, end, 0), axis=0)
+    n_first = base - tl.cdiv(base - lo, BLOCK_N) * BLOCK_N  # earlier rows' keys (padded queries): aligned blocks
+    m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(n_first, hi, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        ok = (rn[None, :] >= start[:, None]) & (rn[None, :] < end[:, None]) & live[:, None]  # (BLOCK_M, BLOCK_N)
+        if HAS_MASK:
+            ok = ok & (tl.load(mask_ptr + bt[:, None] * S + rn[None, :], mask=ok, other=0) != 0)
+        used = tl.max(ok.to(tl.int32), axis=0) != 0  # keys some row of the tile may see
+        rn_safe = tl.where(used, rn, 0).to(tl.int64)
+        kvo = kv_base + rn_safe[:, None] * DH + rd[None, :]
+        kvm = used[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + kvo, mask=kvm, other=0.0)  # (BLOCK_N, BLOCK_D) bf16
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * scale  # bf16 products exact, fp32 accumulation
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.where(m_new == m, 1.0, tl.exp(m - m_new))  # a block with no key of this row: exactly 1
+        p = tl.where(ok, tl.exp(s - m_new[:, None]), 0.0)
+        v = tl.load(v_ptr + kvo, mask=kvm, other=0.0).to(tl.float32)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")  # fp32 FMA, no TF32
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        m = m_new
+    out = acc / tl.where(row_ok, l_sum, 1.0)[:, None]  # rows past T: 0 / 1 (not stored); no keys: 0 / 0 = NaN
+    tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=qm)
+
+
 def key_bounds(mask: torch.Tensor | None, B: int, T: int, S: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(start, end) (B, T) int32: the first allowed slot and one past the last of each query's mask row
     (mask (B, T, S) bool); mask None = plain causal over T == S keys (start 0, end t + 1). Device ops only."""
@@ -86,27 +145,44 @@ def key_bounds(mask: torch.Tensor | None, B: int, T: int, S: int, device) -> tup
         return torch.zeros(B, T, dtype=torch.int32, device=device), end
     m = mask.to(torch.int8)
     start = m.argmax(-1)  # first True (argmax returns the first maximal index)
-    end = S - m.flip(-1).argmax(-1)
+    end = torch.where(m.any(-1), S - m.flip(-1).argmax(-1), 0)  # a fully masked row: start = end = 0, no keys
     return start.to(torch.int32).contiguous(), end.to(torch.int32).contiguous()
 
 
-def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention_kernel(kernel: str | None = None) -> str:
+    """kernel, else env MINITE_ATTENTION, else "row" (the per-query kernel, verified bitwise on the H200);
+    "tile" = the tiled kernel. Checked. The learner and the sampler must run the same one."""
+    name = kernel or os.environ.get(ENV_VAR) or "row"
+    if name not in KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r} (argument or ${ENV_VAR}); one of {list(KERNELS)}")
+    return name
+
+
+def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+                     kernel: str | None = None) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(Dh)) v per query row in fixed key blocks. q (B, H, T, Dh), k/v (B, Hkv, S, Dh),
-    mask (B, 1, T, S) or (B, T, S) bool (True = may attend) or None (causal, T == S) -> (B, H, T, Dh) q.dtype."""
+    mask (B, 1, T, S) or (B, T, S) bool (True = may attend) or None (causal, T == S) -> (B, H, T, Dh) q.dtype.
+    kernel: "row" | "tile" | None (`attention_kernel`)."""
     B, H, T, Dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
+    kernel = attention_kernel(kernel)
     if H % Hkv:
         raise ValueError(f"attention: query heads {H} not a multiple of kv heads {Hkv}")
     if mask is None and S != T:
         raise ValueError(f"attention without a mask is causal over T == S keys, got T={T} S={S}")
+    if kernel == "tile" and not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16)):
+        raise ValueError(f"tiled attention takes bf16/fp16 q, k, v (tensor-core q·kᵀ), got {q.dtype}/{k.dtype}/{v.dtype}")
     mask3 = None if mask is None else mask.reshape(B, T, S)
     start, end = key_bounds(mask3, B, T, S, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     m8 = mask3.to(torch.int8).contiguous() if mask3 is not None else start  # dummy pointer without a mask
-    _attention_kernel[(B * H * T,)](q, k, v, o, m8, start, end, H, T, S, H // Hkv, 1.0 / math.sqrt(Dh),
-                                    HAS_MASK=mask3 is not None, DH=Dh, BLOCK_D=triton.next_power_of_2(Dh),
-                                    BLOCK_N=BLOCK_N, num_warps=4)
+    args = (q, k, v, o, m8, start, end, H, T, S, H // Hkv, 1.0 / math.sqrt(Dh))
+    shape = dict(HAS_MASK=mask3 is not None, DH=Dh, BLOCK_D=triton.next_power_of_2(Dh), BLOCK_N=BLOCK_N, num_warps=4)
+    if kernel == "tile":
+        _attention_tile_kernel[(B * H * triton.cdiv(T, BLOCK_M),)](*args, BLOCK_M=BLOCK_M, **shape)
+    else:
+        _attention_kernel[(B * H * T,)](*args, **shape)
     return o
 
 
@@ -117,7 +193,7 @@ class InvariantAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, mask):
         ctx.save_for_backward(q, k, v)
         ctx.mask = mask
-        return attention_triton(q, k, v, mask)
+        return attention_triton(q, k, v, mask)  # the kernel `attention_kernel` names
 
     @staticmethod
     def backward(ctx, do):
