@@ -16,6 +16,32 @@ depends only on that row's keys:
 Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
 Softmax scale 1/sqrt(Dh), as SDPA's default.
 
+Tiled variant (`kernel="tile"` / MINITE_ATTENTION=tile; the default stays "row" until the H200 checks it): the
+per-query kernel reloads every key for every query, so the learner update ran at 0.25x minite's tokens/s. Here
+one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
+- the same kernel and constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for every call, and T, S, H unspecialized
+  (`do_not_specialize`: T = 1 would otherwise compile its own binary), so a decode call (one live row, the rest
+  masked) runs the code of a learner call. Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
+  accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no rows; gemm.py's invariant
+  GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with input_precision="ieee" (FMA,
+  no TF32), per element a fixed k-order chain. (Under the interpreter both dots are tl.sum of exact products:
+  its tl.dot is BLAS, whose rows depend on their place in the tile);
+- blocks are aligned to `base` = the largest start among the tile's rows with keys — the start of its real
+  queries (learner: 0; prefill / decode: the left pad); padded queries (which see only themselves, or start
+  earlier) start at or before it, and the walk begins at the first aligned block reaching the lowest start, so
+  their keys are visited too (their bits, unlike real rows', may depend on their tile). It ends at the tile's
+  largest end;
+- a block with none of a row's keys is an exact no-op for it: s = -inf, so max(m, -inf) = m (m is finite: -1e30
+  or a real max), alpha is 1 (`where(m_new == m, 1, ...)`, not trusting exp(0)), p = 0, acc·1 + Σ 0·v = acc and
+  l·1 + 0 = l — before the row's first key (the state stays the initial one), after its last key, and for a
+  fully masked row (start = end = 0: no live keys; 0 / 0 = NaN, as SDPA's math and the per-query kernel). So
+  a real row's fp32 state after the walk is what a walk over its own aligned blocks gives, whatever T, S, the
+  batch, the tile-mates, or its place in the tile;
+- k / v are loaded only for slots some row of the tile may see (others 0), so NaN in unwritten cache slots stays
+  out; v of a slot a tile-mate sees must be finite (0·inf = NaN) — the model's keys always are.
+The two kernels are each invariant but differ from each other (their sums are ordered differently): learner and
+sampler must run the same one (one env var, read at each call; a CUDA graph keeps the one it captured).
+
 The plain reference (`kernels.reference.attention_reference`) is fp32 masked softmax attention (SDPA's math): the
 kernel agrees with it to fp32 rounding, not bitwise (its sums are tl.sum trees). Backward: autograd through the
 reference, recomputed (`InvariantAttention`): only the forward must be batch-invariant.
@@ -31,11 +57,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minite_core.kernels import interpret  # noqa: F401  (its interpreter fixes: bf16 RNE casts, scalar loop bounds)
+from minite_core.kernels.gemm import _dot_rows
+# importing interpret fixes the interpreter's bf16 RNE casts and scalar loop bounds
+from minite_core.kernels.interpret import INTERPRET
 
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
-KERNELS = ("row", "tile")
+KERNELS = ("row", "tile")  # per-query | tiled (module docstring)
+DEFAULT_KERNEL = "row"  # verified bitwise on the H200 (k3 = 0); "tile" passes the CPU checks, not yet the H200's
 ENV_VAR = "MINITE_ATTENTION"
 
 
@@ -82,11 +111,21 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
     tl.store(o_ptr + row * DH + rd, out.to(o_ptr.dtype.element_ty), mask=dmask)
 
 
+@triton.jit
+def _pv_rows(p, v, acc, INTERPRET: tl.constexpr):
+    """acc + p @ v in fp32 (no TF32: FMA chains in a fixed k order per element). Under the interpreter tl.dot is
+    BLAS sgemm, whose row result depends on the row's place in the tile (kernels/gemm.py `_dot_rows`), so there
+    the products are summed with tl.sum."""
+    if INTERPRET:
+        return acc + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    return tl.dot(p, v, acc, input_precision="ieee")
+
+
 @triton.jit(do_not_specialize=["H", "T", "S", "GROUP"])  # one binary for T = 1 and T = 16k, any S
 def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
                            H, T, S, GROUP, scale,
                            HAS_MASK: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
     # the tiled variant (module docstring): one program per (b, h, tile of BLOCK_M queries); same layouts as above
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(T, BLOCK_M)
@@ -124,13 +163,13 @@ def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_
         kvo = kv_base + rn_safe[:, None] * DH + rd[None, :]
         kvm = used[:, None] & dmask[None, :]
         k = tl.load(k_ptr + kvo, mask=kvm, other=0.0)  # (BLOCK_N, BLOCK_D) bf16
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * scale  # bf16 products exact, fp32 accumulation
+        s = _dot_rows(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET) * scale  # fp32 acc
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.where(m_new == m, 1.0, tl.exp(m - m_new))  # a block with no key of this row: exactly 1
         p = tl.where(ok, tl.exp(s - m_new[:, None]), 0.0)
         v = tl.load(v_ptr + kvo, mask=kvm, other=0.0).to(tl.float32)
-        acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")  # fp32 FMA, no TF32
+        acc = _pv_rows(p, v, acc * alpha[:, None], INTERPRET)
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         m = m_new
     out = acc / tl.where(row_ok, l_sum, 1.0)[:, None]  # rows past T: 0 / 1 (not stored); no keys: 0 / 0 = NaN
@@ -150,19 +189,20 @@ def key_bounds(mask: torch.Tensor | None, B: int, T: int, S: int, device) -> tup
 
 
 def attention_kernel(kernel: str | None = None) -> str:
-    """kernel, else env MINITE_ATTENTION, else "row" (the per-query kernel, verified bitwise on the H200);
-    "tile" = the tiled kernel. Checked. The learner and the sampler must run the same one."""
-    name = kernel or os.environ.get(ENV_VAR) or "row"
+    """kernel, else env MINITE_ATTENTION, else DEFAULT_KERNEL; checked. The learner and the sampler must run the
+    same one."""
+    name = kernel or os.environ.get(ENV_VAR) or DEFAULT_KERNEL
     if name not in KERNELS:
         raise ValueError(f"unknown attention kernel {name!r} (argument or ${ENV_VAR}); one of {list(KERNELS)}")
     return name
 
 
 def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
-                     kernel: str | None = None) -> torch.Tensor:
+                     kernel: str | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(Dh)) v per query row in fixed key blocks. q (B, H, T, Dh), k/v (B, Hkv, S, Dh),
     mask (B, 1, T, S) or (B, T, S) bool (True = may attend) or None (causal, T == S) -> (B, H, T, Dh) q.dtype.
-    kernel: "row" | "tile" | None (`attention_kernel`)."""
+    kernel: "row" | "tile" | None (`attention_kernel`); out_dtype: float32 = acc / l before the final rounding
+    (tests: bf16 output hides most reduction-order changes; the contract holds for these fp32 bits)."""
     B, H, T, Dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     kernel = attention_kernel(kernel)
@@ -171,16 +211,19 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     if mask is None and S != T:
         raise ValueError(f"attention without a mask is causal over T == S keys, got T={T} S={S}")
     if kernel == "tile" and not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16)):
-        raise ValueError(f"tiled attention takes bf16/fp16 q, k, v (tensor-core q·kᵀ), got {q.dtype}/{k.dtype}/{v.dtype}")
+        raise ValueError(f"tiled attention takes bf16/fp16 q, k, v (tensor-core q·kᵀ), got {q.dtype}/{k.dtype}/"
+                         f"{v.dtype}")
     mask3 = None if mask is None else mask.reshape(B, T, S)
     start, end = key_bounds(mask3, B, T, S, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o = torch.empty_like(q)
+    o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     m8 = mask3.to(torch.int8).contiguous() if mask3 is not None else start  # dummy pointer without a mask
     args = (q, k, v, o, m8, start, end, H, T, S, H // Hkv, 1.0 / math.sqrt(Dh))
-    shape = dict(HAS_MASK=mask3 is not None, DH=Dh, BLOCK_D=triton.next_power_of_2(Dh), BLOCK_N=BLOCK_N, num_warps=4)
+    shape = {"HAS_MASK": mask3 is not None, "DH": Dh, "BLOCK_D": triton.next_power_of_2(Dh), "BLOCK_N": BLOCK_N,
+             "num_warps": 4}
     if kernel == "tile":
-        _attention_tile_kernel[(B * H * triton.cdiv(T, BLOCK_M),)](*args, BLOCK_M=BLOCK_M, **shape)
+        grid = (B * H * triton.cdiv(T, BLOCK_M),)
+        _attention_tile_kernel[grid](*args, BLOCK_M=BLOCK_M, INTERPRET=INTERPRET, **shape)
     else:
         _attention_kernel[(B * H * T,)](*args, **shape)
     return o

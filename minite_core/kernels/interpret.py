@@ -8,9 +8,6 @@ a GPU are untouched, and importing this module is a no-op unless TRITON_INTERPRE
 2. fp32 -> bf16 casts: the interpreter truncates the mantissa (`_convert_float` with no rounding mode), while the
    GPU's `cvt.rn.bf16.f32` rounds to nearest even — so every bf16 kernel output differed from torch's `.to(bf16)`
    (measured: 503 of 1024 random values). The cast now rounds to nearest even on the fp32 bits, as the GPU does.
-3. tl.dot of bf16 operands: the interpreter holds bf16 as raw uint16 bits and matmuls those integers (measured:
-   |error| 2e10 on a 16x16 product of N(0,1) values). bf16 operands are now widened to fp32 first (exact; the
-   products of bf16 values are exact in fp32, as on the tensor cores).
 """
 from __future__ import annotations
 
@@ -47,19 +44,6 @@ def _patch() -> None:
         return cast(self, src, dst_type)
 
     builder.cast_impl = cast_impl
-
-    dot = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def widen(x):  # bf16 bits -> the same values in fp32 (exact)
-            f32 = (np.ascontiguousarray(x.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-            return interpreter.TensorHandle(f32, tl.float32)
-
-        if a.dtype.scalar == tl.bfloat16:
-            a, b = widen(a), widen(b)
-        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    builder.create_dot = create_dot
 
 
 if INTERPRET:
