@@ -24,8 +24,9 @@ one program serves BLOCK_M consecutive queries of one (batch row, head) and load
   masked) runs the code of a learner call. Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
   accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no rows; gemm.py's invariant
   GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with input_precision="ieee" (FMA,
-  no TF32), per element a fixed k-order chain. (Under the interpreter both dots are tl.sum of exact products:
-  its tl.dot is BLAS, whose rows depend on their place in the tile);
+  no TF32), per element a fixed k-order chain (checked in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32, and
+  the masked and unmasked variants run the same f32 op sequence). Under the interpreter both dots are tl.sum
+  of fp32 products: its tl.dot is BLAS, whose rows depend on their place in the tile;
 - blocks are aligned to `base` = the largest start among the tile's rows with keys — the start of its real
   queries (learner: 0; prefill / decode: the left pad); padded queries (which see only themselves, or start
   earlier) start at or before it, and the walk begins at the first aligned block reaching the lowest start, so
@@ -58,8 +59,7 @@ import triton
 import triton.language as tl
 
 from minite_core.kernels.gemm import _dot_rows
-# importing interpret fixes the interpreter's bf16 RNE casts and scalar loop bounds
-from minite_core.kernels.interpret import INTERPRET
+from minite_core.kernels.interpret import INTERPRET  # its import patches the interpreter
 
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
