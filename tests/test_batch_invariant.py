@@ -89,9 +89,10 @@ def test_attention_same_bits_for_learner_prefill_and_decode(kernel):
     assert (learner.float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()  # one bf16 rounding of the output
 
 
-# the kernels' fp32 result (out_dtype=float32) vs the fp64 reference: fp32 accumulation order, a few ulps of the
-# row's largest output (measured: 3e-7 at max |ref| 2.4, i.e. 2^-23 of it; bound 2^-20)
-ATTN_TOL_FP32 = 2 ** -20
+# the kernels' fp32 result (out_dtype=float32) vs the fp64 reference, relative to the row's largest output: fp32
+# accumulation order (measured on CPU: 3e-7 at max |ref| 2.4, i.e. 2^-23), plus on the GPU ex2.approx (~2^-22
+# relative) and div.full (2 ulp); bound 2^-18 (a real bug is ~2^-8 or worse)
+ATTN_TOL_FP32 = 2 ** -18
 
 
 def _check_attention_rows(kernel, B=3, H=4, Hkv=2, T=64, Dh=16, S=96, lens=(37, 64, 1), decode=None, seed=11):
@@ -155,10 +156,11 @@ def _check_attention_rows(kernel, B=3, H=4, Hkv=2, T=64, Dh=16, S=96, lens=(37, 
                 assert torch.equal(dec[b, :, 0], prefill[b, :, t]) and torch.equal(tight[b, :, 0], dec[b, :, 0]), (b, t)
 
 
-def test_attention_rows_same_bits_across_calls_tiled():
+@pytest.mark.parametrize("kernel", ["tile", "tile-bf16x3"])
+def test_attention_rows_same_bits_across_calls_tiled(kernel):
     """Two tiles of 64 queries; pads 63, 5, 99, so tiles hold padded and real queries together (pad 5: 59 real
     rows whose blocks start at slot 5, not 0); decode at block and tile edges and at each row's first real slot."""
-    _check_attention_rows("tile", T=100, S=140, lens=(37, 95, 1), decode=(0, 4, 5, 36, 37, 63, 64, 68, 69, 98, 99))
+    _check_attention_rows(kernel, T=100, S=140, lens=(37, 95, 1), decode=(0, 4, 5, 36, 37, 63, 64, 68, 69, 98, 99))
 
 
 def test_attention_rows_same_bits_across_calls_per_query():
@@ -262,7 +264,7 @@ def test_gpu_onpolicy_dense_gemm_rows_batch_invariant(role):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
-@pytest.mark.parametrize("kernel", ["row", "tile"])
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
 def test_gpu_onpolicy_attention_learner_prefill_decode(kernel):
     """RL sizes: 64 rows x 8 heads, 160 positions, left pad 23 in a 320-slot cache."""
     from functools import partial
@@ -280,7 +282,7 @@ def test_gpu_onpolicy_attention_learner_prefill_decode(kernel):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
-@pytest.mark.parametrize("kernel", ["row", "tile"])
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
 def test_gpu_attention_rows_same_bits_across_calls(kernel):
     """The CPU test's checks, compiled, at Qwen3-30B-A3B's attention shape (32 / 4 heads of 128): 300 queries
     (5 tiles), pads 163, 0, 299, 37; decode at every cache length."""
@@ -291,7 +293,7 @@ def test_gpu_attention_rows_same_bits_across_calls(kernel):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 def test_gpu_attention_tiled_faster_than_per_query(capsys):
     """The learner's attention forward at the bench shape (16,384 tokens as 8 x 2048, 32 / 4 heads of 128,
-    causal): the tiled kernel must beat the per-query one; flash SDPA printed beside them (not invariant)."""
+    causal): the tiled kernels must beat the per-query one; flash SDPA printed beside them (not invariant)."""
     import torch.nn.functional as F
     from triton.testing import do_bench
 
@@ -299,13 +301,13 @@ def test_gpu_attention_tiled_faster_than_per_query(capsys):
 
     q, k, v = (_randn(8, h, 2048, 128, seed=i, dtype=torch.bfloat16) for i, h in enumerate((32, 4, 4)))
     ms = {kern: do_bench(lambda kern=kern: attention_triton(q, k, v, None, kernel=kern), warmup=5, rep=50)
-          for kern in ("row", "tile")}
+          for kern in ("row", "tile", "tile-bf16x3")}
     ms["sdpa"] = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
     flop = 4 * 8 * 32 * 2048 * 2048 / 2 * 128  # causal: half of q·kᵀ and p·v
     with capsys.disabled():
         print("\n[attention] " + " ".join(f"{n} {t:.2f} ms ({flop / t / 1e9:.0f} TFLOP/s)" for n, t in ms.items())
-              + f"; tile/row speedup {ms['row'] / ms['tile']:.1f}x")
-    assert ms["tile"] < ms["row"], ms
+              + "; speedup over row: " + ", ".join(f"{n} {ms['row'] / ms[n]:.1f}x" for n in ("tile", "tile-bf16x3")))
+    assert ms["tile"] < ms["row"] and ms["tile-bf16x3"] < ms["row"], ms
 
 
 @pytest.mark.gpu
@@ -333,7 +335,7 @@ def test_gpu_onpolicy_moe_layer_rows_batch_invariant():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
-@pytest.mark.parametrize("kernel", ["row", "tile"])
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
 def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys, monkeypatch, kernel):
     """The issue's measurement: 64 prompts x 128 sampled tokens (no stop), CUDA-graph sampler vs the learner's
     full-sequence forward: max |Δ| = 0 and k3 = 0 exactly. minite's numbers printed beside it. Both attention

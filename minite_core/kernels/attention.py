@@ -40,7 +40,9 @@ one program serves BLOCK_M consecutive queries of one (batch row, head) and load
   batch, the tile-mates, or its place in the tile;
 - k / v are loaded only for slots some row of the tile may see (others 0), so NaN in unwritten cache slots stays
   out; v of a slot a tile-mate sees must be finite (0·inf = NaN) — the model's keys always are.
-The two kernels are each invariant but differ from each other (their sums are ordered differently): learner and
+"tile-bf16x3" is the same walk with p·v on the tensor cores (`_pv_rows`): the FMA p·v is the tiled kernel's
+bottleneck (fp32 CUDA cores); three bf16 dots of p's exact split keep fp32-level products.
+The kernels are each invariant but differ from each other (their sums are ordered differently): learner and
 sampler must run the same one (one env var, read at each call; a CUDA graph keeps the one it captured).
 
 The plain reference (`kernels.reference.attention_reference`) is fp32 masked softmax attention (SDPA's math): the
@@ -63,7 +65,7 @@ from minite_core.kernels.interpret import INTERPRET  # its import patches the in
 
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
-KERNELS = ("row", "tile")  # per-query | tiled (module docstring)
+KERNELS = ("row", "tile", "tile-bf16x3")  # per-query | tiled, fp32 FMA p·v | tiled, 3 bf16 tensor-core p·v
 DEFAULT_KERNEL = "row"  # verified bitwise on the H200 (k3 = 0); "tile" passes the CPU checks, not yet the H200's
 ENV_VAR = "MINITE_ATTENTION"
 
@@ -112,10 +114,23 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
 
 
 @triton.jit
-def _pv_rows(p, v, acc, INTERPRET: tl.constexpr):
-    """acc + p @ v in fp32 (no TF32: FMA chains in a fixed k order per element). Under the interpreter tl.dot is
-    BLAS sgemm, whose row result depends on the row's place in the tile (kernels/gemm.py `_dot_rows`), so there
-    the products are summed with tl.sum."""
+def _pv_rows(p, v_ptrs, kvm, acc, BF16X3: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + p @ v, p (BLOCK_M, BLOCK_N) fp32, v loaded here. Default: fp32 FMA chains in a fixed k order per
+    element (input_precision="ieee": no TF32). BF16X3 ("tile-bf16x3"): p = p_hi + p_mid + p_lo, three bf16
+    pieces (8 + 8 + 8 of fp32's 24 bits: exact unless p < 2^-110, where p_lo goes subnormal), each through a
+    bf16 tensor-core dot with the bf16 v (products exact, fp32 accumulation): per row as invariant as q·kᵀ.
+    Under the interpreter tl.dot is BLAS sgemm, whose row result depends on the row's place in the tile
+    (kernels/gemm.py `_dot_rows`), so there the products are summed with tl.sum."""
+    if BF16X3:
+        v = tl.load(v_ptrs, mask=kvm, other=0.0).to(tl.bfloat16)
+        p_hi = p.to(tl.bfloat16)
+        r = p - p_hi.to(tl.float32)
+        p_mid = r.to(tl.bfloat16)
+        p_lo = (r - p_mid.to(tl.float32)).to(tl.bfloat16)
+        acc = _dot_rows(p_hi, v, acc, INTERPRET)
+        acc = _dot_rows(p_mid, v, acc, INTERPRET)
+        return _dot_rows(p_lo, v, acc, INTERPRET)
+    v = tl.load(v_ptrs, mask=kvm, other=0.0).to(tl.float32)
     if INTERPRET:
         return acc + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
     return tl.dot(p, v, acc, input_precision="ieee")
@@ -125,7 +140,8 @@ def _pv_rows(p, v, acc, INTERPRET: tl.constexpr):
 def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
                            H, T, S, GROUP, scale,
                            HAS_MASK: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16X3: tl.constexpr,
+                           INTERPRET: tl.constexpr):
     # the tiled variant (module docstring): one program per (b, h, tile of BLOCK_M queries); same layouts as above
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(T, BLOCK_M)
@@ -168,8 +184,7 @@ def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.where(m_new == m, 1.0, tl.exp(m - m_new))  # a block with no key of this row: exactly 1
         p = tl.where(ok, tl.exp(s - m_new[:, None]), 0.0)
-        v = tl.load(v_ptr + kvo, mask=kvm, other=0.0).to(tl.float32)
-        acc = _pv_rows(p, v, acc * alpha[:, None], INTERPRET)
+        acc = _pv_rows(p, v_ptr + kvo, kvm, acc * alpha[:, None], BF16X3, INTERPRET)
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         m = m_new
     out = acc / tl.where(row_ok, l_sum, 1.0)[:, None]  # rows past T: 0 / 1 (not stored); no keys: 0 / 0 = NaN
@@ -201,7 +216,7 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      kernel: str | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(Dh)) v per query row in fixed key blocks. q (B, H, T, Dh), k/v (B, Hkv, S, Dh),
     mask (B, 1, T, S) or (B, T, S) bool (True = may attend) or None (causal, T == S) -> (B, H, T, Dh) q.dtype.
-    kernel: "row" | "tile" | None (`attention_kernel`); out_dtype: float32 = acc / l before the final rounding
+    kernel: one of KERNELS or None (`attention_kernel`); out_dtype: float32 = acc / l before the final rounding
     (tests: bf16 output hides most reduction-order changes; the contract holds for these fp32 bits)."""
     B, H, T, Dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -210,9 +225,10 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         raise ValueError(f"attention: query heads {H} not a multiple of kv heads {Hkv}")
     if mask is None and S != T:
         raise ValueError(f"attention without a mask is causal over T == S keys, got T={T} S={S}")
-    if kernel == "tile" and not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16)):
-        raise ValueError(f"tiled attention takes bf16/fp16 q, k, v (tensor-core q·kᵀ), got {q.dtype}/{k.dtype}/"
-                         f"{v.dtype}")
+    dtypes = (torch.bfloat16,) if kernel == "tile-bf16x3" else (torch.bfloat16, torch.float16)
+    if kernel != "row" and not (q.dtype == k.dtype == v.dtype and q.dtype in dtypes):
+        raise ValueError(f"{kernel} attention takes {'/'.join(map(str, dtypes))} q, k, v (tensor-core q·kᵀ), got "
+                         f"{q.dtype}/{k.dtype}/{v.dtype}")
     mask3 = None if mask is None else mask.reshape(B, T, S)
     start, end = key_bounds(mask3, B, T, S, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -221,9 +237,10 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     args = (q, k, v, o, m8, start, end, H, T, S, H // Hkv, 1.0 / math.sqrt(Dh))
     shape = {"HAS_MASK": mask3 is not None, "DH": Dh, "BLOCK_D": triton.next_power_of_2(Dh), "BLOCK_N": BLOCK_N,
              "num_warps": 4}
-    if kernel == "tile":
+    if kernel != "row":
         grid = (B * H * triton.cdiv(T, BLOCK_M),)
-        _attention_tile_kernel[grid](*args, BLOCK_M=BLOCK_M, INTERPRET=INTERPRET, **shape)
+        _attention_tile_kernel[grid](*args, BLOCK_M=BLOCK_M, BF16X3=kernel == "tile-bf16x3", INTERPRET=INTERPRET,
+                                     **shape)
     else:
         _attention_kernel[(B * H * T,)](*args, **shape)
     return o
