@@ -169,6 +169,19 @@ def test_attention_rows_same_bits_across_calls_per_query():
     _check_attention_rows("row", B=2, H=2, Hkv=1, T=40, S=56, lens=(37, 40), decode=(0, 2, 3, 34, 35, 39))
 
 
+def test_attention_kernel_choice_is_checked(monkeypatch):
+    from minite_core.kernels.attention import DEFAULT_KERNEL, attention_kernel, attention_triton
+
+    q = _randn(1, 1, 2, 16)
+    monkeypatch.delenv("MINITE_ATTENTION", raising=False)
+    assert attention_kernel() == DEFAULT_KERNEL == "row"  # until the H200 verifies the tiled kernels
+    monkeypatch.setenv("MINITE_ATTENTION", "tiled")
+    with pytest.raises(ValueError, match=r"unknown attention kernel 'tiled' \(argument or \$MINITE_ATTENTION\)"):
+        attention_triton(q, q, q, None)
+    with pytest.raises(ValueError, match="tile attention takes"):  # fp32: its q·kᵀ would be TF32
+        attention_triton(q, q, q, None, kernel="tile")
+
+
 def test_attention_backward_is_the_reference_gradient():
     q, k, v, *_ = _layouts(T=9)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -205,10 +218,14 @@ def _assert_bitwise(logp, sampler_logp, mask):
     assert torch.equal(logp[mask], sampler_logp[mask])
 
 
-def test_onpolicy_learner_equals_fast_sampler_triton():
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
+def test_onpolicy_learner_equals_fast_sampler_triton(monkeypatch, kernel):
     """Triton kernels (interpreter): fast sampler (left-padded prefill + cached decode) vs the learner's
     right-padded full-sequence forward, an MoE and a dense layer, prompts of different lengths; then one
-    backward through the same kernels."""
+    backward through the same kernels. Each attention kernel (MINITE_ATTENTION), shared by both engines."""
+    from minite_core.kernels import attention
+
+    monkeypatch.setenv(attention.ENV_VAR, kernel)
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                       num_experts=4, num_experts_per_tok=2, mlp_only_layers=(1,), rope_theta=10000.0,
