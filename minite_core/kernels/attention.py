@@ -5,8 +5,8 @@ Why: torch SDPA picks flash / memory-efficient / math by mask, shape and length,
 its own blocks (flash-decoding also splits KV by length). NVFP4 re-quantization of the next GEMM's input turns
 that ulp noise into whole code steps (results/notes/rl_minite_k3.md). Here the reduction order of a query row
 depends only on that row's keys:
-- one program per (batch row, query head, query): rows never share a reduction (no tl.dot, whose tile would
-  couple queries to a layout); q·k and p·v are fp32 products of bf16 values (exact) summed by tl.sum;
+- one program per (batch row, query head, query) (kernel "row"; the tiled kernels below share a tile of queries
+  and argue why that couples no rows): q·k and p·v are fp32 products of bf16 values summed by tl.sum;
 - the keys a query may see are the slots [start, end) of its mask row (`key_bounds`: first and last allowed
   slot), walked in blocks of BLOCK_N keys aligned to `start`, in increasing order — so key j of a sequence sits
   in the same lane of the same block whether the sequence starts at slot 0 (learner, right padding) or at slot
@@ -16,7 +16,8 @@ depends only on that row's keys:
 Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
 Softmax scale 1/sqrt(Dh), as SDPA's default.
 
-Tiled variant (`kernel="tile"` / MINITE_ATTENTION=tile; the default stays "row" until the H200 checks it): the
+Tiled variants (`kernel="tile"` / MINITE_ATTENTION=tile, or "tile-bf16x3"; the default stays "row" until the H200
+checks them): the
 per-query kernel reloads every key for every query, so the learner update ran at 0.25x minite's tokens/s. Here
 one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
 - the same kernel and constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for every call, and T, S, H unspecialized
@@ -25,7 +26,8 @@ one program serves BLOCK_M consecutive queries of one (batch row, head) and load
   accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no rows; gemm.py's invariant
   GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with input_precision="ieee" (FMA,
   no TF32), per element a fixed k-order chain (checked in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32, and
-  the masked and unmasked variants run the same f32 op sequence). Under the interpreter both dots are tl.sum
+  the masked and unmasked variants run the same f32 op sequence; for "tile-bf16x3" the same ops, scheduled in
+  another order). Under the interpreter both dots are tl.sum
   of fp32 products: its tl.dot is BLAS, whose rows depend on their place in the tile;
 - blocks are aligned to `base` = the largest start among the tile's rows with keys — the start of its real
   queries (learner: 0; prefill / decode: the left pad); padded queries (which see only themselves, or start
@@ -39,9 +41,11 @@ one program serves BLOCK_M consecutive queries of one (batch row, head) and load
   a real row's fp32 state after the walk is what a walk over its own aligned blocks gives, whatever T, S, the
   batch, the tile-mates, or its place in the tile;
 - k / v are loaded only for slots some row of the tile may see (others 0), so NaN in unwritten cache slots stays
-  out; v of a slot a tile-mate sees must be finite (0·inf = NaN) — the model's keys always are.
-"tile-bf16x3" is the same walk with p·v on the tensor cores (`_pv_rows`): the FMA p·v is the tiled kernel's
-bottleneck (fp32 CUDA cores); three bf16 dots of p's exact split keep fp32-level products.
+  out; v of a slot a tile-mate sees must be finite (0·inf = NaN) — the model's values are finite activations.
+  Decode (T = 1) computes BLOCK_M rows for its one live row: the price of running the learner's code.
+"tile-bf16x3" is the same walk with p·v on the tensor cores (`_pv_rows`): the FMA p·v (fp32 CUDA cores, ~2k FMAs
+per thread per key block) is likely "tile"'s bottleneck (not measured yet); three bf16 dots of p's exact split keep
+exact products.
 The kernels are each invariant but differ from each other (their sums are ordered differently): learner and
 sampler must run the same one (one env var, read at each call; a CUDA graph keeps the one it captured).
 
