@@ -71,9 +71,13 @@ def _layouts(B=2, H=2, Hkv=1, T=37, Dh=16, pad=5, S=64, seed=5):
     return q, k, v, kc, vc, prefill
 
 
-def test_attention_same_bits_for_learner_prefill_and_decode():
+@pytest.mark.parametrize("kernel", ["row", "tile"])
+def test_attention_same_bits_for_learner_prefill_and_decode(kernel):
+    from functools import partial
+
     from minite_core.kernels.attention import attention_triton
 
+    attention_triton = partial(attention_triton, kernel=kernel)
     q, k, v, kc, vc, prefill = _layouts()
     learner = attention_triton(q, k, v, None)  # causal, keys from slot 0
     assert torch.equal(attention_triton(q, kc, vc, prefill), learner)  # left-padded prefill, longer cache
@@ -83,6 +87,99 @@ def test_attention_same_bits_for_learner_prefill_and_decode():
     assert torch.equal(attention_triton(q[:1], k[:1], v[:1], None), learner[:1])  # batch-mates
     ref = attention_reference(q, k, v, None)
     assert (learner.float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()  # one bf16 rounding of the output
+
+
+# the kernels' fp32 result (out_dtype=float32) vs the fp64 reference, relative to the row's largest output: fp32
+# accumulation order (measured on CPU: 3e-7 at max |ref| 2.4, i.e. 2^-23), plus on the GPU ex2.approx (~2^-22
+# relative) and div.full (2 ulp); bound 2^-18 (a real bug is ~2^-8 or worse)
+ATTN_TOL_FP32 = 2 ** -18
+
+
+def _check_attention_rows(kernel, B=3, H=4, Hkv=2, T=64, Dh=16, S=96, lens=(37, 64, 1), decode=None, seed=11):
+    """The model's own masks (CausalLM._mask / _cached_mask): a learner call (T queries, right padding: mask None
+    and the padded key mask), a left-padded prefill into an S-slot cache whose unwritten slots hold NaN, decode
+    calls (T = 1) at every cache length in `decode` (None: all) in the full and in a tight cache, one batch row
+    alone, a prefill chunk that shifts every row's place in its tile, and a fully masked query row. Each real
+    query row has the same fp32 bits in all of them (so the same bf16 bits: the output is their one RNE rounding);
+    the learner agrees with the fp64 reference within ATTN_TOL_FP32."""
+    from minite_core.kernels.attention import attention_triton
+
+    def att(*a):  # fp32 before the output rounding: every change of a row's reduction order shows
+        return attention_triton(*a, kernel=kernel, out_dtype=torch.float32)
+
+    q, k, v = (_randn(B, h, T, Dh, seed=seed + i, dtype=torch.bfloat16) for i, h in enumerate((H, Hkv, Hkv)))
+    real = torch.arange(T, device=DEV)[None] < torch.tensor(lens, device=DEV)[:, None]  # (B, T) right padding
+    learner = att(q, k, v, None)  # (B, H, T, Dh)
+    padded = att(q, k, v, CausalLM._mask(real, B, T, DEV))
+    assert torch.equal(attention_triton(q, k, v, None, kernel=kernel), learner.bfloat16())  # one RNE rounding
+    ref = attention_reference(q.double(), k.double(), v.double(), None)
+    for b, n in enumerate(lens):
+        assert torch.equal(padded[b, :, :n], learner[b, :, :n]), b
+        err = (learner[b, :, :n].double() - ref[b, :, :n]).abs().amax(-1)  # (H, n)
+        assert (err <= ATTN_TOL_FP32 * ref[b, :, :n].abs().amax(-1)).all(), (b, float(err.max()))
+    # the sampler's cache: row b's token j at slot pad_b + j (left padding), pads before, NaN in unwritten slots
+    pads = [T - n for n in lens]
+    qc, kc, vc = (_randn(B, h, S, Dh, seed=seed + 5 + i, dtype=torch.bfloat16) for i, h in enumerate((H, Hkv, Hkv)))
+    kc[:, :, T:], vc[:, :, T:] = float("nan"), float("nan")
+    for b, p in enumerate(pads):
+        for dst, src in ((qc, q), (kc, k), (vc, v)):
+            dst[b, :, p:T] = src[b, :, :T - p]
+    slot = torch.arange(S, device=DEV)
+    valid = (slot[None] >= torch.tensor(pads, device=DEV)[:, None]) & (slot[None] < T)  # (B, S)
+    mask = CausalLM._cached_mask(valid, slot[:T])  # (B, 1, T, S)
+    prefill = att(qc[:, :, :T], kc, vc, mask)
+
+    def same(out, t_lo, what):  # out (B, H, T', Dh) holds queries t_lo.. of the prefill
+        for b, p in enumerate(pads):
+            lo = max(p, t_lo)
+            got, want = out[b, :, lo - t_lo:T - t_lo], learner[b, :, lo - p:T - p]
+            assert torch.equal(got, want), (what, b, float((got.float() - want.float()).abs().max()))
+
+    same(prefill, 0, "prefill")
+    alone = att(qc[1:2, :, :T], kc[1:2], vc[1:2], mask[1:2])
+    assert torch.equal(alone, prefill[1:2]), "batch of one"
+    same(att(qc[:, :, 5:T], kc, vc, mask[:, :, 5:]), 5, "prefill chunk from query 5")
+    holed = mask.clone()
+    holed[0, 0, T - 3] = False  # a fully masked query row among real ones
+    out = att(qc[:, :, :T], kc, vc, holed)
+    assert out[0, :, T - 3].isnan().all()  # as the reference's (softmax over no keys)
+    assert attention_reference(qc[:, :, :T], kc, vc, holed)[0, :, T - 3].isnan().all()
+    out[0, :, T - 3] = prefill[0, :, T - 3]
+    assert torch.equal(out, prefill), "a fully masked tile-mate"
+    for t in range(T) if decode is None else decode:  # decode: one query at slot t over the cache so far
+        vt = valid & (slot[None] <= t)
+        dec = att(qc[:, :, t:t + 1], kc, vc, CausalLM._cached_mask(vt, slot[t:t + 1]))
+        tight = att(qc[:, :, t:t + 1], kc[:, :, :t + 1], vc[:, :, :t + 1],
+                    CausalLM._cached_mask(vt[:, :t + 1], slot[t:t + 1]))
+        for b, p in enumerate(pads):
+            if t >= p:
+                assert torch.equal(dec[b, :, 0], prefill[b, :, t]) and torch.equal(tight[b, :, 0], dec[b, :, 0]), (b, t)
+
+
+@pytest.mark.parametrize("kernel", ["tile", "tile-bf16x3"])
+def test_attention_rows_same_bits_across_calls_tiled(kernel):
+    """Two tiles of 64 queries; pads 63, 5, 99, so tiles hold padded and real queries together (pad 5: 59 real
+    rows whose blocks start at slot 5, not 0); decode at block and tile edges and at each row's first real slot."""
+    _check_attention_rows(kernel, T=100, S=140, lens=(37, 95, 1), decode=(0, 4, 5, 36, 37, 63, 64, 68, 69, 98, 99))
+
+
+def test_attention_rows_same_bits_across_calls_per_query():
+    """The same checks hold for the per-query kernel (verified bitwise on the H200), smaller: its interpreter
+    run costs a program per query."""
+    _check_attention_rows("row", B=2, H=2, Hkv=1, T=40, S=56, lens=(37, 40), decode=(0, 2, 3, 34, 35, 39))
+
+
+def test_attention_kernel_choice_is_checked(monkeypatch):
+    from minite_core.kernels.attention import DEFAULT_KERNEL, attention_kernel, attention_triton
+
+    q = _randn(1, 1, 2, 16)
+    monkeypatch.delenv("MINITE_ATTENTION", raising=False)
+    assert attention_kernel() == DEFAULT_KERNEL == "row"  # until the H200 verifies the tiled kernels
+    monkeypatch.setenv("MINITE_ATTENTION", "tiled")
+    with pytest.raises(ValueError, match=r"unknown attention kernel 'tiled' \(argument or \$MINITE_ATTENTION\)"):
+        attention_triton(q, q, q, None)
+    with pytest.raises(ValueError, match="tile attention takes"):  # fp32: its q·kᵀ would be TF32
+        attention_triton(q, q, q, None, kernel="tile")
 
 
 def test_attention_backward_is_the_reference_gradient():
@@ -121,10 +218,14 @@ def _assert_bitwise(logp, sampler_logp, mask):
     assert torch.equal(logp[mask], sampler_logp[mask])
 
 
-def test_onpolicy_learner_equals_fast_sampler_triton():
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
+def test_onpolicy_learner_equals_fast_sampler_triton(monkeypatch, kernel):
     """Triton kernels (interpreter): fast sampler (left-padded prefill + cached decode) vs the learner's
     right-padded full-sequence forward, an MoE and a dense layer, prompts of different lengths; then one
-    backward through the same kernels."""
+    backward through the same kernels. Each attention kernel (MINITE_ATTENTION), shared by both engines."""
+    from minite_core.kernels import attention
+
+    monkeypatch.setenv(attention.ENV_VAR, kernel)
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                       num_experts=4, num_experts_per_tok=2, mlp_only_layers=(1,), rope_theta=10000.0,
@@ -180,16 +281,50 @@ def test_gpu_onpolicy_dense_gemm_rows_batch_invariant(role):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
-def test_gpu_onpolicy_attention_learner_prefill_decode():
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
+def test_gpu_onpolicy_attention_learner_prefill_decode(kernel):
     """RL sizes: 64 rows x 8 heads, 160 positions, left pad 23 in a 320-slot cache."""
+    from functools import partial
+
     from minite_core.kernels.attention import attention_triton
 
+    attention_triton = partial(attention_triton, kernel=kernel)
     q, k, v, kc, vc, prefill = _layouts(B=64, H=8, Hkv=2, T=160, Dh=32, pad=23, S=320)
     learner = attention_triton(q, k, v, None)
     assert torch.equal(attention_triton(q, kc, vc, prefill), learner)
     for t in (0, 31, 32, 100, 159):
         assert torch.equal(attention_triton(q[:, :, t:t + 1], kc, vc, prefill[:, :, t:t + 1])[:, :, 0],
                            learner[:, :, t]), t
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
+def test_gpu_attention_rows_same_bits_across_calls(kernel):
+    """The CPU test's checks, compiled, at Qwen3-30B-A3B's attention shape (32 / 4 heads of 128): 300 queries
+    (5 tiles), pads 163, 0, 299, 37; decode at every cache length."""
+    _check_attention_rows(kernel, B=4, H=32, Hkv=4, T=300, Dh=128, S=384, lens=(137, 300, 1, 263))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_attention_tiled_faster_than_per_query(capsys):
+    """The learner's attention forward at the bench shape (16,384 tokens as 8 x 2048, 32 / 4 heads of 128,
+    causal): the tiled kernels must beat the per-query one; flash SDPA printed beside them (not invariant)."""
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from minite_core.kernels.attention import attention_triton
+
+    q, k, v = (_randn(8, h, 2048, 128, seed=i, dtype=torch.bfloat16) for i, h in enumerate((32, 4, 4)))
+    ms = {kern: do_bench(lambda kern=kern: attention_triton(q, k, v, None, kernel=kern), warmup=5, rep=50)
+          for kern in ("row", "tile", "tile-bf16x3")}
+    ms["sdpa"] = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    flop = 4 * 8 * 32 * 2048 * 2048 / 2 * 128  # causal: half of q·kᵀ and p·v
+    with capsys.disabled():
+        print("\n[attention] " + " ".join(f"{n} {t:.2f} ms ({flop / t / 1e9:.0f} TFLOP/s)" for n, t in ms.items())
+              + "; speedup over row: " + ", ".join(f"{n} {ms['row'] / ms[n]:.1f}x" for n in ("tile", "tile-bf16x3")))
+    assert ms["tile"] < ms["row"] and ms["tile-bf16x3"] < ms["row"], ms
 
 
 @pytest.mark.gpu
@@ -217,9 +352,14 @@ def test_gpu_onpolicy_moe_layer_rows_batch_invariant():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
-def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys):
+@pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
+def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys, monkeypatch, kernel):
     """The issue's measurement: 64 prompts x 128 sampled tokens (no stop), CUDA-graph sampler vs the learner's
-    full-sequence forward: max |Δ| = 0 and k3 = 0 exactly. minite's numbers printed beside it."""
+    full-sequence forward: max |Δ| = 0 and k3 = 0 exactly. minite's numbers printed beside it. Both attention
+    kernels (MINITE_ATTENTION), each shared by the learner and the sampler."""
+    from minite_core.kernels import attention
+
+    monkeypatch.setenv(attention.ENV_VAR, kernel)
     model = CausalLM(RL_SHAPE).init_weights(0, std=0.1).cuda()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 64, (int(n),), generator=g).tolist() for n in torch.randint(8, 40, (64,), generator=g)]
@@ -227,7 +367,7 @@ def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys):
         logp, s, mask = _onpolicy_rollout(model, prompts, 128, "fast", profile)
         m = mismatch_metrics(logp, s, mask)
         with capsys.disabled():
-            print(f"\n[onpolicy] {profile}: tokens {int(mask.sum())} k3 {m['mismatch/k3']:.3e} "
+            print(f"\n[onpolicy] {profile} ({kernel} attention): tokens {int(mask.sum())} k3 {m['mismatch/k3']:.3e} "
                   f"max|d| {m['mismatch/max_abs_delta']:.3e}")
     assert int(mask.sum()) >= 64 * 128
     _assert_bitwise(logp, s, mask)
