@@ -117,15 +117,15 @@ def _profile(errors, path, name, *, learner=False):
 
 def _te_mode(errors, path, name):
     """A real-TE learner `te:<mode>` (bench/learner.py rows, diagnostics pairs): the mode must be a TE mode."""
-    from minite_core.peers.te_learner import MODES
+    from minite_core.peers.te_learner import MODES, learner_mode
 
-    if name[3:] not in MODES:
-        errors.append(f"config: {path}: unknown TE mode {name[3:]!r}; one of {', '.join(sorted(MODES))}")
+    if learner_mode(name) not in MODES:
+        errors.append(f"config: {path}: unknown TE mode {learner_mode(name)!r}; one of {', '.join(sorted(MODES))}")
 
 
 def _pair(errors, path, spec, *, te_learner=True):
     learner_name, _, sampler_name = spec.rpartition(":")  # sampler names never contain ":"; `te:<mode>` may
-    if te_learner and learner_name.startswith("te:"):
+    if te_learner and learner_name.startswith("te:"):  # peers.te_learner.LEARNER_PREFIX
         _te_mode(errors, path, learner_name)
     else:
         _profile(errors, path, learner_name)

@@ -291,16 +291,14 @@ def learner_step(model, opt, input_ids, labels) -> torch.Tensor:
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
-TE_PREFIX = "te:"
 
 
 def _te_mode(name: str):
     """The peers.te_learner mode of a `te:<mode>` row, else None."""
-    if not name.startswith(TE_PREFIX):
-        return None
     from minite_core.peers import te_learner
 
-    return te_learner.get_mode(name[len(TE_PREFIX):])
+    mode = te_learner.learner_mode(name)
+    return None if mode is None else te_learner.get_mode(mode)
 
 
 def te_models(cfg: LearnerBenchConfig, model, log=print) -> tuple[dict, torch.optim.Optimizer | None, dict]:

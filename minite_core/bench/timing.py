@@ -89,7 +89,7 @@ def bench(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10, device: 
 
 
 def round_robin(names, r: int, prepare: Callable[[str], Callable[[], object]], device: torch.device | str,
-                samples: dict | None = None, peaks: dict | None = None) -> None:
+                samples: dict | None, peaks: dict) -> None:
     """One round: every name's step once, the starting name rotated by the round index r (names[r % n] first), so
     drift and allocator growth hit every name alike. `prepare(name)` does the untimed set-up and returns the step
     to time. A timed round (samples given) appends each step's ms to samples[name] and, on CUDA, maxes the step's

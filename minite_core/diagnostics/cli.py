@@ -55,7 +55,6 @@ from minite_core.task.tokenizer import BOS_ID, EOS_ID
 
 DEFAULT_PAIRS = "bf16:bf16,te-nvfp4:vllm-nvfp4,te-nvfp4:vllm-marlin-w4a16,minite:minite"
 NUM_SPECIAL = 4  # ids 0..3 are <pad> <bos> <eos> <unk> (task.tokenizer); random prompts avoid them
-TE_PREFIX = "te:"  # a real-TE learner `te:<mode>`, as the learner bench's rows (bench/learner.py)
 TE_SKIP = {
     "trace": "the first-divergence trace runs two of our profiles on one module tree; a real-TE learner has none",
     "attribution": "the one-knob attribution switches our profiles' knobs; a real-TE learner has none (no base, "
@@ -71,11 +70,6 @@ def _num(v) -> str:
     return "n/a" if v is None else f"{v:.3e}"
 
 
-def te_mode(learner: str) -> str | None:
-    """The peers.te_learner mode of a `te:<mode>` learner name, else None."""
-    return learner[len(TE_PREFIX):] if learner.startswith(TE_PREFIX) else None
-
-
 def parse_pairs(spec: str) -> list[tuple[str, str]]:
     """"l:s,l:s" -> [(l, s), ...]; every name must be a registered profile, or a learner `te:<mode>` with a TE
     mode (split at the last ":": sampler names never contain one)."""
@@ -84,10 +78,10 @@ def parse_pairs(spec: str) -> list[tuple[str, str]]:
         learner, _, sampler = item.rpartition(":")
         if not learner:
             raise ValueError(f"pair {item!r} must be learner:sampler")
-        if te_mode(learner) is None:
+        if te_learner.learner_mode(learner) is None:
             get_profile(learner)
         else:
-            te_learner.get_mode(te_mode(learner))
+            te_learner.get_mode(te_learner.learner_mode(learner))
         get_profile(sampler)  # fail early on unknown names
         pairs.append((learner, sampler))
     if not pairs:
@@ -151,9 +145,9 @@ def require_te(pairs, model=None) -> None:
     """RuntimeError, one line naming the first te:* pair that cannot run here and TE's reason (missing TE, no
     CUDA, a mode this GPU lacks; with `model`: a model not on CUDA). Called before any work."""
     for learner, sampler in pairs:
-        if te_mode(learner) is None:
+        if te_learner.learner_mode(learner) is None:
             continue
-        ok, reason = te_learner.mode_available(te_mode(learner))
+        ok, reason = te_learner.mode_available(te_learner.learner_mode(learner))
         if ok and model is not None:
             try:
                 te_learner._require_cuda_model(model)  # the check build_te_model makes, before any work
@@ -165,8 +159,8 @@ def require_te(pairs, model=None) -> None:
 
 def _learner(model, learner: Profile | str, seed: int, batch_size) -> Learner:
     """Our Learner under a profile, or TELearner for a `te:<mode>` name (a TE copy of the model)."""
-    if isinstance(learner, str) and te_mode(learner) is not None:
-        return te_learner.TELearner(model, te_mode(learner), seed=seed, batch_size=batch_size)
+    if isinstance(learner, str) and te_learner.learner_mode(learner) is not None:
+        return te_learner.TELearner(model, te_learner.learner_mode(learner), seed=seed, batch_size=batch_size)
     return Learner(model, learner, seed=seed, batch_size=batch_size)
 
 
@@ -248,7 +242,7 @@ def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float =
              f"routing_disagree={_num(m['routing/topk_disagree'])} tokens={m['mismatch/tokens']} "
              f"({time.perf_counter() - t0:.1f}s)")
         over = key in budgets and not m["mismatch/k3"] <= budgets[key]
-        if te_mode(learner) is not None:  # what needs our profiles on both sides (module docstring)
+        if te_learner.learner_mode(learner) is not None:  # what needs our profiles on both sides (module docstring)
             steps = ["trace"] * (trace or over) + ["attribution"] * attribution
             skipped += [{"pair": key, "step": step, "reason": TE_SKIP[step]} for step in steps]
             continue
@@ -329,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, AttributeError) as e:
         p.error(f"--k3-budget / budget: {e}")
     base = parse_pairs(args.attribution_base)[0]
-    if te_mode(base[0]) is not None:
+    if te_learner.learner_mode(base[0]) is not None:
         raise ValueError(f"--attribution-base {args.attribution_base}: {TE_SKIP['attribution']}")
     ckpt = Path(args.checkpoint)
     model = load_pretrained(ckpt, dtype=torch.float32, device=args.device).eval()
@@ -346,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prompts, prompt_src = random_prompts(args.num_prompts, vocab, args.seed), f"random(seed={args.seed})"
 
-    profiles = {get_profile(n) for pair in pairs for n in pair if te_mode(n) is None}  # TE modes: dynamic scales
+    profiles = {get_profile(n) for pair in pairs for n in pair if te_learner.learner_mode(n) is None}  # TE modes: dynamic scales
     if args.attribution:
         profiles |= {get_profile(n) for n in base}
     calib_src = None
@@ -365,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
               "trace": args.trace, "attribution": args.attribution,
               "attribution_base": f"{base[0]}:{base[1]}" if args.attribution else None,
               "attribution_cumulative": args.attribution_cumulative, "k3_budget": budgets,
-              "te": te_learner.available()[1] if any(te_mode(l) for l, _ in pairs) else None}
+              "te": te_learner.available()[1] if any(te_learner.learner_mode(l) for l, _ in pairs) else None}
     write_result(args.out, stage="diagnostics", experiment=args.experiment, config=config,
                  metrics=result["metrics"], by_position=result["by_position"], trace=result["trace"],
                  attribution=result["attribution"], budget=result["budget"], skipped=result["skipped"])

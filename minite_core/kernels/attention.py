@@ -16,18 +16,18 @@ depends only on that row's keys:
 Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
 Softmax scale 1/sqrt(Dh), as SDPA's default.
 
-Tiled variants (`kernel="tile"` / MINITE_ATTENTION=tile, or "tile-bf16x3"; the default stays "row" until the H200
-checks them): the
-per-query kernel reloads every key for every query, so the learner update ran at 0.25x minite's tokens/s. Here
+Tiled variants (`kernel="tile"` / MINITE_ATTENTION=tile, or "tile-bf16x3"; the default stays "row": on the H200
+(results/notes/h200-tiled-attention-1f4f47b.log) both tiled kernels gave a row different fp32 bits in the learner's
+unmasked call and in the masked calls, against what the argument below expects; tile-bf16x3 ran 47x faster than
+"row" there). The per-query kernel reloads every key for every query, so the learner update ran at 0.25x minite's tokens/s. Here
 one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
 - the same kernel and constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for every call, and T, S, H unspecialized
   (`do_not_specialize`: T = 1 would otherwise compile its own binary), so a decode call (one live row, the rest
   masked) runs the code of a learner call. Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
   accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no rows; gemm.py's invariant
   GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with input_precision="ieee" (FMA,
-  no TF32), per element a fixed k-order chain (checked in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32, and
-  the masked and unmasked variants run the same f32 op sequence; for "tile-bf16x3" the same ops, scheduled in
-  another order). Under the interpreter both dots are tl.sum
+  no TF32), per element a fixed k-order chain (read in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32; the
+  masked and unmasked variants looked like the same f32 op sequence, yet the H200 measured them apart). Under the interpreter both dots are tl.sum
   of fp32 products: its tl.dot is BLAS, whose rows depend on their place in the tile;
 - blocks are aligned to `base` = the largest start among the tile's rows with keys — the start of its real
   queries (learner: 0; prefill / decode: the left pad); padded queries (which see only themselves, or start
@@ -70,7 +70,7 @@ from minite_core.kernels.interpret import INTERPRET  # its import patches the in
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
 KERNELS = ("row", "tile", "tile-bf16x3")  # per-query | tiled, fp32 FMA p·v | tiled, 3 bf16 tensor-core p·v
-DEFAULT_KERNEL = "row"  # verified bitwise on the H200 (k3 = 0); "tile" passes the CPU checks, not yet the H200's
+DEFAULT_KERNEL = "row"  # bitwise on the H200 (k3 = 0); the tiled ones pass the CPU checks, not the H200's (1f4f47b)
 ENV_VAR = "MINITE_ATTENTION"
 
 

@@ -105,6 +105,13 @@ MODES: dict[str, TEMode] = {m.name: m for m in (
                name="minite-4over6-unfused-rne-rowxt-teref", **_TE_ROW_SCALED)),
 )}
 
+LEARNER_PREFIX = "te:"  # a real-TE learner is named `te:<mode>`: the learner bench's rows, diagnostics pairs
+
+
+def learner_mode(name: str) -> str | None:
+    """The mode of a real-TE learner name `te:<mode>`, None for any other name (one of our profiles)."""
+    return name[len(LEARNER_PREFIX):] if name.startswith(LEARNER_PREFIX) else None
+
 
 def get_mode(mode: str | TEMode) -> TEMode:
     if isinstance(mode, TEMode):

@@ -16,7 +16,7 @@ from minite_core.report.claims import HEALTHY_K3, section_claims
 from minite_core.report.common import fmt as _fmt, load as _load, table as _table, vllm_peer_dir
 from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table
 from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
-from minite_core.report.te import load_agreement, section_te
+from minite_core.report.te import claim_agreement, section_te
 
 PAIR_LABELS = {
     "bf16:bf16": "BF16 ↔ BF16",
@@ -87,7 +87,7 @@ def section_header(results: Path) -> str:
 
 
 def _te_line(results: Path) -> str:
-    if load_agreement(results) is None and load_agreement(results, "checkpoint") is None:
+    if claim_agreement(results) is None:
         return ("- **Real Transformer Engine:** not run here (a CUDA GPU with TE 2.20: "
                 "`python -m minite_core.peers.te_compare run`); every TE number is the `te-nvfp4` emulation.")
     return ("- **Real Transformer Engine:** only the section *Transformer Engine on the H200* (te/) and the `te:*` "
