@@ -174,7 +174,7 @@ def test_attention_kernel_choice_is_checked(monkeypatch):
 
     q = _randn(1, 1, 2, 16)
     monkeypatch.delenv("MINITE_ATTENTION", raising=False)
-    assert attention_kernel() == DEFAULT_KERNEL == "row"  # until the H200 verifies the tiled kernels
+    assert attention_kernel() == DEFAULT_KERNEL == "tile-bf16x3"
     monkeypatch.setenv("MINITE_ATTENTION", "tiled")
     with pytest.raises(ValueError, match=r"unknown attention kernel 'tiled' \(argument or \$MINITE_ATTENTION\)"):
         attention_triton(q, q, q, None)
@@ -279,13 +279,8 @@ def test_gpu_onpolicy_dense_gemm_rows_batch_invariant(role):
     assert torch.equal(small, big), f"max |diff| {float((small.float() - big.float()).abs().max()):.3e}"
 
 
-# Measured on the H200 (commit 1f4f47b, results/notes/h200-tiled-attention-1f4f47b.log): both tiled kernels give a row
-# different fp32 bits in the learner's unmasked call and in the masked calls (the HAS_MASK builds differ), so they
-# are not batch-invariant there yet; the per-query kernel ("row", the default) is.
-_NOT_INVARIANT_ON_H200 = pytest.mark.xfail(reason="tiled kernels: learner (no mask) and masked calls differ on the "
-                                                  "H200 (1f4f47b)", strict=False)
-GPU_KERNELS = ["row", pytest.param("tile", marks=_NOT_INVARIANT_ON_H200),
-               pytest.param("tile-bf16x3", marks=_NOT_INVARIANT_ON_H200)]
+# every attention kernel (MINITE_ATTENTION); the tiled ones failed these at 1f4f47b (a constexpr mask: two binaries)
+GPU_KERNELS = ["row", "tile", "tile-bf16x3"]
 
 
 @pytest.mark.gpu
@@ -313,6 +308,24 @@ def test_gpu_attention_rows_same_bits_across_calls(kernel):
     """The CPU test's checks, compiled, at Qwen3-30B-A3B's attention shape (32 / 4 heads of 128): 300 queries
     (5 tiles), pads 163, 0, 299, 37; decode at every cache length."""
     _check_attention_rows(kernel, B=4, H=32, Hkv=4, T=300, Dh=128, S=384, lens=(137, 300, 1, 263))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("kernel", ["tile", "tile-bf16x3"])
+def test_gpu_attention_tiled_one_binary_for_every_call(kernel):
+    """The invariance argument needs the learner's unmasked call, a masked prefill and a decode call (T = 1) to
+    run one compiled binary: after the first call, none of the others compiles another."""
+    from minite_core.kernels.attention import _attention_tile_kernel, attention_triton
+
+    q, k, v, kc, vc, prefill = _layouts(B=2, H=4, Hkv=2, T=70, Dh=32, pad=9, S=128, seed=21)
+    attention_triton(q, k, v, None, kernel=kernel)
+    cache = _attention_tile_kernel.device_caches[torch.cuda.current_device()][0]
+    n = len(cache)
+    attention_triton(q, kc, vc, prefill, kernel=kernel)
+    attention_triton(q[:, :, 5:6], kc, vc, prefill[:, :, 5:6], kernel=kernel)
+    attention_triton(q[:1, :, :3], k[:1, :, :3], v[:1, :, :3], None, kernel=kernel)
+    assert len(cache) == n, "a masked, decode or shorter call compiled its own binary"
 
 
 @pytest.mark.gpu

@@ -16,18 +16,19 @@ depends only on that row's keys:
 Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
 Softmax scale 1/sqrt(Dh), as SDPA's default.
 
-Tiled variants (`kernel="tile"` / MINITE_ATTENTION=tile, or "tile-bf16x3"; the default stays "row": on the H200
-(results/notes/h200-tiled-attention-1f4f47b.log) both tiled kernels gave a row different fp32 bits in the learner's
-unmasked call and in the masked calls, against what the argument below expects; tile-bf16x3 ran 47x faster than
-"row" there). The per-query kernel reloads every key for every query, so the learner update ran at 0.25x minite's tokens/s. Here
+Tiled variants (`kernel="tile"` / MINITE_ATTENTION=tile, or "tile-bf16x3", the default). The per-query kernel
+reloads every key for every query: on the H200 it ran 47x slower than "tile-bf16x3" (results/notes/
+h200-tiled-attention-1f4f47b.log) and held the on-policy learner update at 0.25x minite's tokens/s. Here
 one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
-- the same kernel and constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for every call, and T, S, H unspecialized
-  (`do_not_specialize`: T = 1 would otherwise compile its own binary), so a decode call (one live row, the rest
-  masked) runs the code of a learner call. Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
+- one compiled binary for every call: the same constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps), T, S, H and
+  `has_mask` unspecialized (`do_not_specialize`: T = 1 would otherwise compile its own binary), the mask read at
+  run time and an int8 dummy mask pointer without one. So a decode call (one live row, the rest masked) and the
+  learner's unmasked call run the code of a masked learner call. (At 1f4f47b the mask was a constexpr: the H200
+  gave a row other fp32 bits in the unmasked build than in the masked one, though the PTX looked alike.) Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
   accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no rows; gemm.py's invariant
   GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with input_precision="ieee" (FMA,
-  no TF32), per element a fixed k-order chain (read in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32; the
-  masked and unmasked variants looked like the same f32 op sequence, yet the H200 measured them apart). Under the interpreter both dots are tl.sum
+  no TF32), per element a fixed k-order chain (read in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32). Under
+  the interpreter both dots are tl.sum
   of fp32 products: its tl.dot is BLAS, whose rows depend on their place in the tile;
 - blocks are aligned to `base` = the largest start among the tile's rows with keys — the start of its real
   queries (learner: 0; prefill / decode: the left pad); padded queries (which see only themselves, or start
@@ -70,7 +71,7 @@ from minite_core.kernels.interpret import INTERPRET  # its import patches the in
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
 KERNELS = ("row", "tile", "tile-bf16x3")  # per-query | tiled, fp32 FMA p·v | tiled, 3 bf16 tensor-core p·v
-DEFAULT_KERNEL = "row"  # bitwise on the H200 (k3 = 0); the tiled ones pass the CPU checks, not the H200's (1f4f47b)
+DEFAULT_KERNEL = "tile-bf16x3"  # the fastest; "row" is the plain one (its H200 k3 = 0 at f4f5852)
 ENV_VAR = "MINITE_ATTENTION"
 
 
@@ -140,10 +141,10 @@ def _pv_rows(p, v_ptrs, kvm, acc, BF16X3: tl.constexpr, INTERPRET: tl.constexpr)
     return tl.dot(p, v, acc, input_precision="ieee")
 
 
-@triton.jit(do_not_specialize=["H", "T", "S", "GROUP"])  # one binary for T = 1 and T = 16k, any S
+@triton.jit(do_not_specialize=["H", "T", "S", "GROUP", "has_mask"])  # one binary for every call (docstring)
 def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr,
-                           H, T, S, GROUP, scale,
-                           HAS_MASK: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr,
+                           H, T, S, GROUP, scale, has_mask,
+                           DH: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16X3: tl.constexpr,
                            INTERPRET: tl.constexpr):
     # the tiled variant (module docstring): one program per (b, h, tile of BLOCK_M queries); same layouts as above
@@ -176,8 +177,8 @@ def _attention_tile_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_
     for n0 in range(n_first, hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = (rn[None, :] >= start[:, None]) & (rn[None, :] < end[:, None]) & live[:, None]  # (BLOCK_M, BLOCK_N)
-        if HAS_MASK:
-            ok = ok & (tl.load(mask_ptr + bt[:, None] * S + rn[None, :], mask=ok, other=0) != 0)
+        # the mask is read at run time (has_mask 0: no load, `other` keeps ok): one binary (module docstring)
+        ok = ok & (tl.load(mask_ptr + bt[:, None] * S + rn[None, :], mask=ok & (has_mask != 0), other=1) != 0)
         used = tl.max(ok.to(tl.int32), axis=0) != 0  # keys some row of the tile may see
         rn_safe = tl.where(used, rn, 0).to(tl.int64)
         kvo = kv_base + rn_safe[:, None] * DH + rd[None, :]
@@ -237,16 +238,16 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     start, end = key_bounds(mask3, B, T, S, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
-    m8 = mask3.to(torch.int8).contiguous() if mask3 is not None else start  # dummy pointer without a mask
+    # without a mask a dummy int8 pointer (never read): the pointer type is part of the compiled signature
+    m8 = mask3.to(torch.int8).contiguous() if mask3 is not None else start.view(torch.int8)
     args = (q, k, v, o, m8, start, end, H, T, S, H // Hkv, 1.0 / math.sqrt(Dh))
-    shape = {"HAS_MASK": mask3 is not None, "DH": Dh, "BLOCK_D": triton.next_power_of_2(Dh), "BLOCK_N": BLOCK_N,
-             "num_warps": 4}
+    shape = {"DH": Dh, "BLOCK_D": triton.next_power_of_2(Dh), "BLOCK_N": BLOCK_N, "num_warps": 4}
     if kernel != "row":
         grid = (B * H * triton.cdiv(T, BLOCK_M),)
-        _attention_tile_kernel[grid](*args, BLOCK_M=BLOCK_M, BF16X3=kernel == "tile-bf16x3", INTERPRET=INTERPRET,
-                                     **shape)
+        _attention_tile_kernel[grid](*args, int(mask3 is not None), BLOCK_M=BLOCK_M, BF16X3=kernel == "tile-bf16x3",
+                                     INTERPRET=INTERPRET, **shape)
     else:
-        _attention_kernel[(B * H * T,)](*args, **shape)
+        _attention_kernel[(B * H * T,)](*args, HAS_MASK=mask3 is not None, **shape)
     return o
 
 

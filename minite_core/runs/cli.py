@@ -71,6 +71,13 @@ def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         set_run_env(kernels=kernels.current_backend())
     except (RuntimeError, ValueError) as e:
         parser.error(f"--kernels {args.kernels}: {e}")
+    if kernels.current_backend() != "reference":  # the batch-invariant profiles' attention kernel, checked up front
+        from minite_core.kernels.attention import ENV_VAR, attention_kernel
+
+        try:
+            set_run_env(attention=attention_kernel())
+        except ValueError as e:
+            parser.error(f"${ENV_VAR}: {e}")
     return args
 
 
