@@ -325,7 +325,9 @@ def test_gpu_attention_tiled_one_binary_for_every_call(kernel):
     attention_triton(q, kc, vc, prefill, kernel=kernel)
     attention_triton(q[:, :, 5:6], kc, vc, prefill[:, :, 5:6], kernel=kernel)
     attention_triton(q[:1, :, :3], k[:1, :, :3], v[:1, :, :3], None, kernel=kernel)
-    assert len(cache) == n, "a masked, decode or shorter call compiled its own binary"
+    odd = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view_as(q).copy_(q)  # 2-byte offset
+    assert torch.equal(attention_triton(odd, k, v, None, kernel=kernel), attention_triton(q, k, v, None, kernel=kernel))
+    assert len(cache) == n, "a masked, decode, shorter or unaligned call compiled its own binary"
 
 
 @pytest.mark.gpu

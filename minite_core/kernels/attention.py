@@ -23,8 +23,10 @@ one program serves BLOCK_M consecutive queries of one (batch row, head) and load
 - one compiled binary for every call: the same constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps), T, S, H and
   `has_mask` unspecialized (`do_not_specialize`: T = 1 would otherwise compile its own binary), the mask read at
   run time and an int8 dummy mask pointer without one. So a decode call (one live row, the rest masked) and the
-  learner's unmasked call run the code of a masked learner call. (At 1f4f47b the mask was a constexpr: the H200
-  gave a row other fp32 bits in the unmasked build than in the masked one, though the PTX looked alike.) Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
+  learner's unmasked call run the code of a masked learner call (q, k, v copied when a view is not 16-byte
+  aligned: Triton specializes pointers on it). (At 1f4f47b the mask was a constexpr: the H200
+  gave a row other fp32 bits in the unmasked build than in the masked one, though the PTX looked alike.)
+  Every reduction is per row: scores tl.dot(q_tile, kᵀ) (bf16 in, fp32
   accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no rows; gemm.py's invariant
   GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with input_precision="ieee" (FMA,
   no TF32), per element a fixed k-order chain (read in the sm90 PTX: q·kᵀ is a wgmma, p·v fma.rn.f32). Under
@@ -208,6 +210,13 @@ def key_bounds(mask: torch.Tensor | None, B: int, T: int, S: int, device) -> tup
     return start.to(torch.int32).contiguous(), end.to(torch.int32).contiguous()
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous and 16-byte aligned: Triton specializes a pointer on 16-byte divisibility, so a view at an odd
+    offset (a slice of a fused projection) would compile, and run, another binary."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def attention_kernel(kernel: str | None = None) -> str:
     """kernel, else env MINITE_ATTENTION, else DEFAULT_KERNEL; checked. The learner and the sampler must run the
     same one."""
@@ -236,7 +245,7 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                          f"{q.dtype}/{k.dtype}/{v.dtype}")
     mask3 = None if mask is None else mask.reshape(B, T, S)
     start, end = key_bounds(mask3, B, T, S, q.device)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     # without a mask a dummy int8 pointer (never read): the pointer type is part of the compiled signature
     m8 = mask3.to(torch.int8).contiguous() if mask3 is not None else start.view(torch.int8)
