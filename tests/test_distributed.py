@@ -8,6 +8,8 @@ the single-process reference, for bf16, te-nvfp4 and minite:
 - gradients and AdamW's first moments: within GRAD_TOL of the dW dtype (a weight gradient is the sum of R
   partial GEMMs); the updated weights: bitwise those of one-process AdamW on the gathered gradients.
 A control shows the amax reduction is what makes te-nvfp4 equal: without it the log-probs differ.
+At world size 1 (bench.learner_dist's 1-GPU overhead check) the distributed step IS the plain step: bitwise
+(log-probs, loss, gradients, weights over two steps) and with the plain step's host syncs, no more.
 """
 from __future__ import annotations
 
