@@ -8,13 +8,18 @@ the single-process reference, for bf16, te-nvfp4 and minite:
 - gradients and AdamW's first moments: within GRAD_TOL of the dW dtype (a weight gradient is the sum of R
   partial GEMMs); the updated weights: bitwise those of one-process AdamW on the gathered gradients.
 A control shows the amax reduction is what makes te-nvfp4 equal: without it the log-probs differ.
+At world size 1 (bench.learner_dist's 1-GPU overhead check) the distributed step IS the plain step: bitwise
+(log-probs, loss, gradients, weights over two steps) and with the plain step's host syncs, no more.
 """
 from __future__ import annotations
 
+import collections
+import functools
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +29,7 @@ import torch.multiprocessing as mp
 from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
 from minite_core.engines.expert_parallel import expert_params
+from minite_core.engines.host_sync import HostSyncDetector
 from minite_core.engines.learner import Learner
 from minite_core.model import CausalLM, PRESETS
 from minite_core.profiles import get_profile
@@ -103,10 +109,12 @@ def _worker(rank, world, port, profile, reduce_amax, path, preset="tiny-dense"):
     learner = Learner(model, profile, seed=11)
     learner.set_step(0)
     prompts, responses, adv = _batch()
-    out = D.pg_step(learner, opt, prompts, responses, adv, dp=dp)
+    with HostSyncDetector() as detector:
+        out = D.pg_step(learner, opt, prompts, responses, adv, dp=dp)
+    ep_syncs = [(s.op, s.where) for s in detector.syncs if "expert_parallel" in s.where]
     snap = _snapshot(model, opt)
-    torch.save({"loss": out.loss, "logp": out.logp, "mask": out.mask, **(snap if rank == 0 else {})},
-               f"{path}.{rank}")
+    torch.save({"loss": out.loss, "logp": out.logp, "mask": out.mask, "ep_syncs": ep_syncs,
+                **(snap if rank == 0 else {})}, f"{path}.{rank}")
     torch.distributed.destroy_process_group()
 
 
@@ -143,6 +151,9 @@ def test_data_parallel_step_equals_one_process(tmp_path, one_thread, preset, pro
     """tiny-moe runs its experts expert-parallel (engines.expert_parallel): 4 experts, 2 a rank."""
     ranks = _run_ranks(tmp_path, profile, preset=preset)
     _check_equal(ranks, *_reference(profile, preset), profile, preset)
+    n_moe = sum(PRESETS[preset].is_moe_layer(i) for i in range(PRESETS[preset].num_hidden_layers))
+    for got in ranks:  # expert parallelism's one deliberate host sync a MoE layer: the split sizes
+        assert [op for op, _ in got["ep_syncs"]] == ["tolist"] * n_moe
 
 
 def _check_equal(ranks, ref, snap_ref, profile, preset):
@@ -299,3 +310,88 @@ def test_sr_origin_draws_the_full_tensors_stream():
     cols = quantize(x[:, 16:], rounding="sr", seed=5, amax=amax, sr_origin=(0, 16))
     assert torch.equal(cols.data, full_q.data[:, 8:])
     assert not torch.equal(quantize(x[32:], rounding="sr", seed=5, amax=amax).data, full_q.data[32:])
+
+
+# ---- world size 1: the distributed step is the plain step (bench.learner_dist's 1-GPU overhead check) -----------
+def _world_one_steps(dp, profile: str, steps: int = 2, device: str = "cpu") -> list[dict]:
+    """`steps` pg_steps of tiny-moe (dp=None: the plain model; else EP.install + shard_model on a group of one),
+    each with its host syncs (engines.host_sync), log-probs, loss, and the weights and gradients after it."""
+    from minite_core.nn import track_optimizer
+
+    model = _model("tiny-moe").to(device)
+    if dp is not None:
+        EP.install(model, dp.rank, dp.world)
+        model = D.shard_model(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    track_optimizer(opt, model)  # as the bench and the RL learner: FSDP2's copy-in keeps weight._version
+    learner = Learner(model, profile, seed=11)
+    prompts, responses, adv = _batch()
+    out = []
+    for step in range(steps):
+        learner.set_step(step)
+        with HostSyncDetector() as detector:
+            res = D.pg_step(learner, opt, prompts, responses, adv if step % 2 == 0 else -adv, dp=dp)
+        out.append({"syncs": [(s.op, s.where) for s in detector.syncs], "logp": res.logp, "loss": res.loss,
+                    **{f"w/{n}": D.full(p.detach()).clone() for n, p in model.named_parameters()},
+                    **{f"g/{n}": D.full(p.grad).clone() for n, p in model.named_parameters()}})
+    return out
+
+
+def _world_one_worker(rank, world, port, profile, path, device):
+    torch.set_num_threads(1)
+    plain = _world_one_steps(None, profile, device=device)
+    dp = D.init(rank, world, backend="nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}")
+    torch.save({"plain": plain, "dist": _world_one_steps(dp, profile, device=device)}, path)
+    torch.distributed.destroy_process_group()
+
+
+@functools.lru_cache(maxsize=None)
+def _world_one(profile: str, device: str = "cpu") -> dict:
+    """One spawned process (a group of one: gloo, or NCCL on a GPU) per profile, shared by the tests below."""
+    path = os.path.join(tempfile.mkdtemp(prefix="world1-"), "steps.pt")
+    mp.spawn(_world_one_worker, args=(1, _free_port(), profile, path, device), nprocs=1, join=True)
+    return torch.load(path, map_location="cpu")
+
+
+@pytest.mark.parametrize("profile", ["bf16", "te-nvfp4", "minite"])
+def test_world_one_step_equals_plain_bitwise(one_thread, profile):
+    """At world size 1 (FSDP2 on, experts "expert-parallel" over one rank) two learner steps equal the plain
+    single-process steps bit for bit: log-probs, loss, every gradient and every updated weight."""
+    run = _world_one(profile)
+    for step, (ref, sut) in enumerate(zip(run["plain"], run["dist"])):
+        assert set(ref) == set(sut)
+        for key in (k for k in ref if k != "syncs"):
+            torch.testing.assert_close(sut[key], ref[key], rtol=0, atol=0, msg=lambda m: f"step {step} {key}: {m}")
+
+
+@pytest.mark.parametrize("profile", ["bf16", "minite"])
+def test_world_one_step_has_the_plain_steps_host_syncs(one_thread, profile):
+    """A world-size-1 step makes exactly the plain step's host syncs (same ops, same call sites): no split-size
+    read, bincount or repeat_interleave of expert parallelism, nothing from the token shard or FSDP2. (On CPU the
+    plain step's own are the foreach AdamW's step.item() — fused on CUDA — the batch's host-to-device copies and
+    the reference grouped GEMM's segment bounds.) The process's very first step also builds process-wide tables
+    (formats.e2m1's code values): the plain step runs first, so from step 1 on the two are equal, and before it the
+    distributed step makes no sync that the plain one does not."""
+    run = _world_one(profile)
+    for step, (ref, sut) in enumerate(zip(run["plain"], run["dist"])):
+        extra = collections.Counter(sut["syncs"]) - collections.Counter(ref["syncs"])
+        assert not extra, f"step {step}: host syncs the plain step does not make: {dict(extra)}"
+        if step:
+            assert sorted(sut["syncs"]) == sorted(ref["syncs"])
+        assert not [s for s in sut["syncs"] if "expert_parallel" in s[1] or "shard" in s[1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("profile", ["bf16", "te-nvfp4", "minite"])
+def test_world_one_step_on_gpu_equals_plain(profile):
+    """The same on the GPU fast path (Triton quantizers and grouped GEMMs, NCCL group of one): the first step's
+    log-probs and loss bit for bit (a forward is deterministic; later steps inherit the backward's kernels, whose
+    order may not be), and no host sync the plain step does not make, in any step."""
+    run = _world_one(profile, "cuda")
+    ref, sut = run["plain"][0], run["dist"][0]
+    for key in ("logp", "loss"):
+        torch.testing.assert_close(sut[key], ref[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
+    for step, (ref, sut) in enumerate(zip(run["plain"], run["dist"])):
+        extra = collections.Counter(sut["syncs"]) - collections.Counter(ref["syncs"])
+        assert not extra, f"step {step}: host syncs the plain step does not make: {dict(extra)}"

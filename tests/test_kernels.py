@@ -255,6 +255,24 @@ def test_sr_origin_draws_the_full_tensors_stream():
 
 
 @cpu_kernels
+def test_quantize_cols_with_a_given_amax_makes_no_host_sync():
+    """A token shard's all-reduced amax (nn.shard) reaches the along-token quantizer through dispatch on every
+    wgrad operand: the Triton path must not read it back to check it (it did: 2 syncs a call, 4 a GEMM), while
+    the kernel itself still validates when called directly. Same codes as the dynamic-amax call."""
+    from minite_core.engines.host_sync import find_host_syncs
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    x = _input(32, 64, torch.bfloat16, seed=4)
+    amax = x.float().abs().amax()
+    spec = Quant(rounding="sr")
+    assert find_host_syncs(dispatch.quantize_cols, x, spec, amax=amax, seed=3, backend="triton") == []
+    _same(dispatch.quantize_cols(x, spec, amax=amax, seed=3, backend="triton")[0],
+          dispatch.quantize_cols(x, spec, seed=3, backend="triton")[0])
+    direct = find_host_syncs(quantize_cols_triton, x, rounding="sr", seed=3, amax=amax)
+    assert [s.op for s in direct] == ["__bool__"]  # direct calls keep the value check (deduplicated: one site)
+
+
+@cpu_kernels
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_decode_gemm_matches_reference(m):
     _, tw, _, _ = _gemm_case(8, 48, 96)

@@ -16,7 +16,8 @@ Reported per profile (rank 0 writes a throughput/v1 JSON whose rows the report's
   parallelism) model with the same config, per-GPU batch and timing loop, while the other ranks wait; the model
   is freed before the sharded one is built, so memory is never held twice;
 - scaling_efficiency = total / (world · plain) — at world 1, the distributed path's overhead against the plain
-  learner (FSDP2's copy-in/out and the amax all-reduces, expert parallelism's per-layer count exchange).
+  learner: FSDP2's unshard and reduce-scatter copies (local at one rank) and its hooks and DTensor optimizer;
+  a group of one has no amax all-reduces and no all-to-alls (engines.distributed, engines.expert_parallel).
 Round counts must agree over ranks (every step is a collective), so the budget decision uses the max round time
 over ranks. Saved-activation bytes and MFU are not measured here (None): bench.learner's one-process run has them.
 """

@@ -11,6 +11,11 @@ the fp32 master is what every profile casts or quantizes from (nn.linear caches 
 version), so FSDP gathers fp32 and the profile decides the rest. FSDP2 runs on CPU/gloo in torch 2.13 as is;
 the one gloo limit met: a gradient divide factor of 1.0 makes FSDP reduce with ReduceOp.PREMUL_SUM, which gloo
 refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"), so `shard_model` also forces plain SUM reductions.
+World size 1 (the 1-GPU overhead check, bench.learner_dist) keeps FSDP2 (torch's world-1 unshard and
+reduce-scatter are local copies) but drops what a group of one makes pointless: the token shard and its amax
+all-reduces (`pg_step`), resharding after forward and the explicit 1.0 divide factor (`shard_model`), and
+expert parallelism's all-to-alls (engines.expert_parallel); the step is then the single-process step bit for bit
+(tested, with its host syncs counted equal to the plain step's).
 
 Equality with one process (`pg_step` with dp=None vs. on each rank), on the same global batch of N rows:
 - each rank takes rows [r·N/R, (r+1)·N/R), padded to the GLOBAL padded length L (pads are real embeddings and
@@ -100,11 +105,15 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
 
     ignored = expert_params(model) or None  # experts of expert parallelism stay whole on their owner
     layers = list(model.model.layers)
+    one = dist.get_world_size() == 1
     for i, block in enumerate(layers):
-        fully_shard(block, reshard_after_forward=i < len(layers) - 1, ignored_params=ignored)
+        # one rank: the "sharded" block is the whole block, so resharding after forward frees nothing for good
+        # and only makes backward copy it in again
+        fully_shard(block, reshard_after_forward=not one and i < len(layers) - 1, ignored_params=ignored)
     fully_shard(model, ignored_params=ignored)
     for unit in (*layers, model):
-        unit.set_gradient_divide_factor(1.0)
+        if not one:  # one rank: FSDP's default divide (by world size 1) is none; a 1.0 factor adds a /1.0 pass
+            unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM (the 1.0 factor's op)
     return model
 
@@ -132,7 +141,8 @@ def pg_step(learner: Learner, opt: torch.optim.Optimizer, prompt_ids, response_i
     L = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
     n_tok = sum(len(r) for r in response_ids)  # global, from the host lists: no collective
     shard = None
-    if dp is not None:
+    if dp is not None and dp.world > 1:  # one rank's shard is the whole batch: offset 0, the max over a group of
+        # one is the identity, so the quantizers' own amaxes are the global ones (no all-reduce, no extra amax pass)
         shard = token_shard(TokenShard(offset=rows.start * L, reduce_max=dp.reduce_max))
     learner.pad_length = L
     try:

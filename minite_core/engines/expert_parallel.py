@@ -7,7 +7,8 @@ Layout: rank q of R owns experts [q·E/R, (q+1)·E/R) (each GroupedLinear keeps 
   1. route locally; put the N·k assignments in the padded sorted layout (`moe_layout` + `permute`, exactly as
      one process does) and read the real rows out in expert order;
   2. all-to-all the per-expert counts (the split sizes: one deliberate host sync per layer, as in torchtitan's
-     and Megatron's token dispatchers), then the rows: rank q receives, from every source rank in rank order,
+     and Megatron's token dispatchers; counted with scatter_add, not bincount, and the receive layout sized from
+     them, so it is the only one), then the rows: rank q receives, from every source rank in rank order,
      the rows of its experts;
   3. the owner lays the received rows out by local expert (a stable sort keeps source order inside an expert),
      runs the grouped SwiGLU and all-to-alls the outputs back;
@@ -18,6 +19,8 @@ own SR stream (the shard's token offset does not apply: `token_shard(None)` arou
 cross-rank sum enters an expert's weight gradient (the owner sees all its tokens). Expert parameters are
 therefore not FSDP-sharded (`shard_model` leaves them to their owner) and their gradients are not reduced.
 Autograd runs through torch.distributed.nn.functional.all_to_all_single (its backward is the reverse all-to-all).
+A group of one rank (world size 1) skips steps 1-4: every all-to-all there is the identity, so the layer runs the
+single-process layout, experts and combine (no collective, no host sync, no extra row copies or index backwards).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
 from minite_core.nn.experts import GroupedLinear
-from minite_core.nn.moe_layout import moe_layout, permute
+from minite_core.nn.moe_layout import combine, expert_counts, moe_layout, permute
 from minite_core.nn.shard import token_shard
 
 
@@ -41,17 +44,22 @@ class ExpertParallel:
         E, R = moe.num_experts, self.world
         El = E // R
         layout = moe_layout(top_idx, E)
+        if R == 1:  # a group of one: both all-to-alls are the identity and the split sizes need no host read, so
+            # dispatch/combine reduce to the single-process layer (SparseMoE.forward), op for op
+            with token_shard(None):
+                return combine(moe.experts(permute(x, layout), layout), top_w, layout)
         flat = top_idx.reshape(-1)  # (N·k,)
         order = torch.argsort(flat, stable=True)  # assignments by expert, token order inside
         rows = layout.dest.reshape(-1)[order]  # their rows in the padded layout (unique: no grad accumulation)
         x_sorted = permute(x, layout)[rows]  # (N·k, D)
-        counts = torch.bincount(flat, minlength=E)  # (E,) this rank's assignments per expert
+        counts = expert_counts(flat, E)  # (E,) this rank's assignments per expert
         recv_counts = torch.empty_like(counts)  # (R·El,): [source s, my local expert j]
         dist.all_to_all_single(recv_counts, counts, group=self.group)
-        send = counts.view(R, El).sum(1).tolist()  # host sync: the split sizes (deliberate, one per layer)
-        recv = recv_counts.view(R, El).sum(1).tolist()
+        # host sync: the split sizes, sent and received in one read (deliberate, one per layer)
+        send, recv = torch.stack([counts.view(R, El).sum(1), recv_counts.view(R, El).sum(1)]).tolist()
         x_recv = all_to_all_single(x.new_empty(sum(recv), x.shape[1]), x_sorted, recv, send, group=self.group)
-        local_ids = torch.repeat_interleave(torch.arange(El, device=x.device).repeat(R), recv_counts)  # (M,)
+        local_ids = torch.repeat_interleave(torch.arange(El, device=x.device).repeat(R), recv_counts,
+                                            output_size=sum(recv))  # (M,); the size known: no second sync
         lay = moe_layout(local_ids[:, None], El)  # source order kept inside each expert = global token order
         with token_shard(None):  # the experts see every token of theirs: whole-tensor numerics
             y_pad = moe.experts(permute(x_recv, lay), lay)  # (Tp_local, D)

@@ -171,11 +171,13 @@ def col_block_amax(x: torch.Tensor, *, rht: bool = False, rht_dtype: str = "floa
 def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor | None = None, math: str = "exact",
                          rounding: str = "rne", seed: int | None = None, seg_seed=None, rht: bool = False,
                          rht_dtype: str = "float32", emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT,
-                         block_c: int = BLOCK_C_DEFAULT, four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0)):
+                         block_c: int = BLOCK_C_DEFAULT, four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0),
+                         check: bool = True):
     """x [T, C] -> (NVFP4Tensor of xᵀ [C, T] with 1×16 blocks along T, bf16 e2m1(q)·sf [C, T] or None).
     Global scale: `col_amax` [T/16] per 16-token block (returned global_scale is then empty: the caller owns
     the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`).
-    `sr_origin`: (row, column) of xᵀ[0, 0] in the xᵀ it is a shard of (a rank's tokens: (0, token offset))."""
+    `sr_origin`: (row, column) of xᵀ[0, 0] in the xᵀ it is a shard of (a rank's tokens: (0, token offset)).
+    check: validate a given amax's value (finite, >= 0: two host syncs; the hot path, dispatch, passes False)."""
     if four_over_six != "off":
         raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
                                   "MINITE_KERNELS=reference (formats/four_over_six.py)")
@@ -195,7 +197,7 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
         if amax is None:
             amax_t = col_block_amax(x, rht=rht, rht_dtype=rht_dtype, block_t=block_t, block_c=block_c).amax()
         else:
-            amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax).to(dev, torch.float32).contiguous()
+            amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax, check).to(dev, torch.float32).contiguous()
         sdec = torch.full((), 1.0, device=dev) / ref.global_encode_scale(amax_t)
     seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
     grid = (triton.cdiv(t_len, block_t), triton.cdiv(c_len, block_c))

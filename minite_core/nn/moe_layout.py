@@ -52,12 +52,18 @@ def padded_rows(num_tokens: int, top_k: int, num_experts: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def expert_counts(flat_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """(E,) int64 assignments per expert of the flat expert ids (a scatter_add: no host sync, unlike bincount)."""
+    out = torch.zeros(num_experts, dtype=torch.int64, device=flat_idx.device)
+    return out.scatter_add_(0, flat_idx, torch.ones_like(flat_idx))
+
+
 def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
     """top_idx (N, k) expert ids -> the padded sorted layout (device ops only)."""
     N, k = top_idx.shape
     E, dev = num_experts, top_idx.device
     flat = top_idx.reshape(-1)  # (N*k,)
-    counts = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = expert_counts(flat, E)
     padded = (counts + ALIGN - 1) // ALIGN * ALIGN
     tp = padded_rows(N, k, E)
     # (E + 1,): 0, cumulative padded counts, Tp — built from device tensors only (writing the Python int tp into a
