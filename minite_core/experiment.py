@@ -8,7 +8,7 @@ Two passes, each error one line naming the key path (`config: rl.runs[1].learner
    model shape is one the model and the NVFP4 GEMMs accept (GQA divides the heads, K dims are multiples of 16,
    top-k <= experts), divisibility (`rl.mini_batches`, `quant_error.rows` with 16x16 blocks), enough task
    prompts for what the stages ask, no two RL runs with one name, eval runs that exist, `gpus_per_job` ranks
-   that split the throughput bench's experts (expert parallelism).
+   that split the throughput bench's experts (expert parallelism) and the RL stage's mini-batches and experts.
 Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, and how a learner
 job is launched (`launcher`: torchrun with gpus_per_job > 1) and placed on Slurm (`slurm_gres`).
 
@@ -83,6 +83,12 @@ def slurm_gres(config: dict) -> str:
     """The Slurm GPUs of a learner job (workflow/profiles/slurm reads the rule's `gres`): gpus_per_job GPUs of
     one node on CUDA, none on CPU."""
     return f"gpu:{config.get('gpus_per_job', 1)}" if config["device"] == "cuda" else ""
+
+
+def learner_gpu_slots(config: dict) -> int:
+    """Local GPU slots of a learner job (rl): one, as `gpu_slots`, with one GPU per job; with gpus_per_job > 1 the
+    whole local pool (torchrun holds every GPU of the node it is given). On Slurm its GPUs come from `gres`."""
+    return gpu_slots(config) if config.get("gpus_per_job", 1) == 1 else config["gpu_slots"]
 
 
 def gpu_slots(config: dict) -> int:
@@ -172,12 +178,37 @@ def _check_model(config, errors):
         errors.append(f"config: pretrain.target_accuracy: low {lo} > high {hi}")
 
 
+def _check_rl_ranks(config, per_batch: int, errors):
+    """gpus_per_job > 1 runs `minite rl` on that many ranks (rl/distributed.py): the rows of a mini-batch split
+    evenly, an NVFP4-backward learner gets 16 rows a rank (its wgrad's 16-token blocks), the experts split."""
+    g = config.get("gpus_per_job", 1)
+    runs = rl_runs(config) if g > 1 else {}
+    if not runs:
+        return
+    if per_batch % g:
+        errors.append(f"config: gpus_per_job: {g} ranks do not split rl's {per_batch} rows per mini-batch "
+                      "(prompts_per_step * group_size / mini_batches)")
+        return
+    for name, spec in runs.items():
+        p = PROFILES.get(spec["learner"])
+        if p is not None and p.quantized and p.grad is not None and (per_batch // g) % 16:
+            errors.append(f"config: gpus_per_job: rl run {name} on {g} ranks has {per_batch // g} rows per rank "
+                          "and mini-batch; its NVFP4 learner needs a multiple of 16 (raise rl.prompts_per_step "
+                          "or group_size)")
+            break
+    experts = config.get("pretrain", {}).get("num_experts", 0)
+    if experts % g:
+        errors.append(f"config: gpus_per_job: {g} ranks do not split the {experts} experts of the RL model "
+                      "(pretrain.num_experts; expert parallelism)")
+
+
 def _check_sizes(config, errors):
     rl = config["rl"]
     n = rl["prompts_per_step"] * rl["group_size"]
     if n % rl["mini_batches"]:
         errors.append(f"config: rl.mini_batches: {rl['mini_batches']} does not divide prompts_per_step * "
                       f"group_size = {n}")
+    _check_rl_ranks(config, n // rl["mini_batches"], errors)
     rows = config["quant_error"]["rows"]
     if rows % 16:
         errors.append(f"config: quant_error.rows: {rows} is not a multiple of 16 (the survey includes 16x16 blocks)")

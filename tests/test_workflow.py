@@ -72,6 +72,8 @@ _BASE = "experiment: bad\n"
         ("rl: {stepz: 3}", "config: rl: Additional properties are not allowed ('stepz' was unexpected)"),
         ("seed: -1", "config: seed: -1 is less than the minimum of 0"),
         ("gpus_per_job: 3", "config: gpus_per_job: 3 ranks do not split the 4 experts of throughput.config 'tiny'"),
+        ("gpus_per_job: 2\nrl: {runs: ['minite:minite']}", "config: gpus_per_job: rl run minite__minite__none on 2 "
+         "ranks has 4 rows per rank and mini-batch; its NVFP4 learner needs a multiple of 16"),
     ],
 )
 def test_bad_config_is_one_line_at_parse_time(tmp_path, yaml_text, line):
@@ -105,11 +107,20 @@ def _dry_run_commands(tmp_path, yaml_text, *args):
 
 
 def test_multi_gpu_experiment_launches_torchrun(tmp_path):
-    """gpus_per_job > 1: the throughput bench starts under torchrun (bench.learner_dist); 1 (the default): plainly;
-    0: the one-line schema error."""
-    out = _dry_run_commands(tmp_path, "experiment: issue24-multigpu\ngpus_per_job: 2\n")
-    assert "torchrun --standalone --nproc-per-node 2 -m minite_core.cli bench learner --out" in out
-    assert out.count("torchrun") == 1, "only the throughput bench runs distributed so far (RL: one process)"
+    """gpus_per_job > 1: the throughput bench and every RL run start under torchrun (bench.learner_dist,
+    rl/distributed.py) and the RL jobs claim the local GPU pool; 1 (the default): plainly; 0: the one-line schema
+    error. (16 prompts x 4 / 2 mini-batches / 2 ranks = 16 rows a rank: what minite's NVFP4 wgrad needs.)"""
+    out = _dry_run_commands(tmp_path, "experiment: issue24-multigpu\ngpus_per_job: 2\n"
+                                      "rl: {prompts_per_step: 16, runs: ['bf16:bf16', 'minite:minite']}\n")
+    commands = [line for line in out.splitlines() if "torchrun --standalone" in line]
+    assert any("--nproc-per-node 2 -m minite_core.cli bench learner --out" in c for c in commands)
+    rl = [c for c in commands if "-m minite_core.cli rl --pretrained" in c]
+    assert len(rl) == 2 and all("--nproc-per-node 2" in c for c in rl), commands
+    assert len(commands) == 3, "the throughput bench and the two RL runs, nothing else"
+    job = out[out.index("rule rl:"):]
+    assert "gpu=4" in job[:job.index("\n\n")]  # every local slot: torchrun holds the node's GPUs
+    plain = _dry_run_commands(tmp_path, "experiment: issue24-onegpu\nrl: {runs: ['bf16:bf16']}\n")
+    assert "Shell command: minite rl --pretrained" in plain and "torchrun --standalone" not in plain
     assert launcher({"gpus_per_job": 1}) == "minite" and launcher({}) == "minite"
     assert schema_errors({"experiment": "x", "gpus_per_job": 0}, SCHEMA) == [
         "config: gpus_per_job: 0 is less than the minimum of 1"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -136,8 +137,10 @@ FINITE_KEYS = ("mismatch/k1", "mismatch/k3", "reward/mean", "actor/entropy", "ac
 
 
 def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sampler: Sampler, opt, tok,
-            train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int) -> dict:
-    """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns)."""
+            train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int,
+            old_logprobs=None, update=None) -> dict:
+    """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns). old_logprobs / update:
+    items 4 and 5 (default `_old_logprobs`, `_update`: one process; rl.distributed passes its data-parallel ones)."""
     B, G = cfg.prompts_per_step, cfg.group_size
     g = torch.Generator().manual_seed(tagged(seed, "batch", step))
     pick = torch.randperm(len(train), generator=g)[:B].tolist()
@@ -161,11 +164,7 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     learner.set_step(step * cfg.mini_batches)  # SR seeds unused without grad; set for a complete record
     n = len(prompts) // cfg.mini_batches
     slices = [slice(k * n, (k + 1) * n) for k in range(cfg.mini_batches)]
-    with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
-        # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
-        parts = [learner.logprobs(prompts[sl], roll.response_ids[sl], temperature=cfg.temperature,
-                                  top_p=cfg.top_p, with_entropy=True, with_argmax=True, routes=routes(sl))
-                 for sl in slices]
+    parts = (old_logprobs or _old_logprobs)(learner, prompts, roll.response_ids, slices, cfg, routes)
     T = rp["mask"].shape[1]
     logp_old, entropy, mask, argmax_l = (torch.cat([_pad_cols(p[i], T) for p in parts]) for i in range(4))
     if not torch.equal(mask, rp["mask"]):
@@ -174,7 +173,7 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     row.update(mismatch_metrics(logp_old, rp["logprobs"], mask, argmax_learner=argmax_l,
                                 argmax_sampler=rp["argmax_ids"], cap=cfg.correction_cap))
 
-    grad_norms, actor = _update(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
+    grad_norms, actor = (update or _update)(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
                                 mask, rp["logprobs"], correction, routes)
     t_learn = time.perf_counter() - t1
 
@@ -202,6 +201,15 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     return row
 
 
+def _old_logprobs(learner, prompts, response_ids, slices, cfg, routes) -> list[tuple]:
+    """Item 4: per row slice (logp, entropy, mask, argmax) of the learner under no grad."""
+    with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
+        # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
+        return [learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature, top_p=cfg.top_p,
+                                 with_entropy=True, with_argmax=True, routes=routes(sl))
+                for sl in slices]
+
+
 def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_old, adv, mask, logp_sampler,
             correction, routes) -> tuple[list[float], dict[str, list[float]]]:
     """The PPO update of one RL step, one optimizer step per mini-batch slice -> (grad norms, actor metrics).
@@ -220,15 +228,21 @@ def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-        loss_f = float(loss.detach())  # (synced by the metrics below anyway)
-        if not (math.isfinite(grad_norm) and math.isfinite(loss_f)):
-            raise ValueError(f"rl step {step}, mini-batch {k}: non-finite loss {loss_f} or gradient norm "
-                             f"{grad_norm}; lower rl.lr or check the learner profile")
-        opt.step()
-        grad_norms.append(grad_norm)
-        for key, v in met.items():
-            actor.setdefault(key, []).append(float(v))
+        _step_and_log(step, k, opt, loss, grad_norm, met, grad_norms, actor)
     return grad_norms, actor
+
+
+def _step_and_log(step, k, opt, loss, grad_norm: float, met: dict, grad_norms: list, actor: dict) -> None:
+    """The end of mini-batch k's update: refuse a non-finite loss or gradient norm, else the optimizer step and
+    the metrics appended."""
+    loss_f = float(loss.detach())  # (synced by the metrics below anyway)
+    if not (math.isfinite(grad_norm) and math.isfinite(loss_f)):
+        raise ValueError(f"rl step {step}, mini-batch {k}: non-finite loss {loss_f} or gradient norm "
+                         f"{grad_norm}; lower rl.lr or check the learner profile")
+    opt.step()
+    grad_norms.append(grad_norm)
+    for key, v in met.items():
+        actor.setdefault(key, []).append(float(v))
 
 
 @dataclass
@@ -271,6 +285,37 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
                  run_name(L.name, S.name, correction), run_cfg)
 
 
+class OneProcess:
+    """The learner side of a one-process run: the sampler runs the learner's module tree (weight sync is free),
+    the state is runs/state.py's. rl.distributed.DataParallelSide is the same interface under torchrun."""
+
+    main = True  # this process writes the outputs
+    old_logprobs = staticmethod(_old_logprobs)
+    update = staticmethod(_update)
+
+    def __init__(self, run: _GRPO):
+        self.run = run
+        self.state_opt = run.opt  # the optimizer whose state.pt layout the state keeps (one process: the real one)
+
+    def lock(self, state_dir: Path):
+        return RunLock(state_dir)  # one writer per run directory
+
+    def resume(self, state_dir: Path, restart: bool):
+        run = self.run
+        return resume(state_dir, model=run.sampler.model, optimizer=self.state_opt, config=run.run_cfg,
+                      log_name="metrics.csv", restart=restart)
+
+    def save(self, state_dir: Path, step: int, extra: dict) -> None:
+        save_state(state_dir, step=step, model=self.run.sampler.model, optimizer=self.state_opt,
+                   config=self.run.run_cfg, extra=extra)
+
+    def synced(self) -> None:
+        """After an update: the sampler's weights are the learner's (here: the same tensors)."""
+
+    def share(self, metrics: dict) -> dict:
+        return metrics
+
+
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
           learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
           experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
@@ -281,25 +326,33 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     carries the run seed)."""
     out = Path(out)
     state_dir = Path(state_dir) if state_dir is not None else out / "state"
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)  # (every rank: idempotent)
+    from minite_core.rl import distributed  # torchrun (WORLD_SIZE > 1) or a joined process group: R ranks
+
+    dp = distributed.join()  # before the model is built: under torchrun it picks this rank's GPU
     run = _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device)
-    model, S = run.learner.model, run.sampler.profile
-    with RunLock(state_dir):  # one writer per run directory
-        step, extra, log = resume(state_dir, model=model, optimizer=run.opt, config=run.run_cfg,
-                                  log_name="metrics.csv", restart=restart)
+    side = OneProcess(run) if dp is None else distributed.DataParallelSide(run, dp)
+    run = side.run
+    model, S = run.sampler.model, run.sampler.profile  # full weights: evaluation, checkpoint, final/
+    heldout = lambda: _heldout(run, model, S) if side.main else {}  # noqa: E731 - rank 0 evaluates
+    with side.lock(state_dir):
+        step, extra, log = side.resume(state_dir, restart)
         if step == 0:
-            extra["eval_initial"] = _heldout(run, model, S)
+            extra["eval_initial"] = heldout()
         eval_keys = [f"eval/{k}" for k in extra["eval_initial"] if k != "correct"]
-        bar = tqdm(total=cfg.steps, initial=step, desc=run.name, disable=not progress, mininterval=2.0)
+        bar = tqdm(total=cfg.steps, initial=step, desc=run.name, disable=not (progress and side.main),
+                   mininterval=2.0)
         steps_this_call = 0
         while step < cfg.steps:
             step += 1
-            row = rl_step(step, cfg=cfg, seed=seed, model=model, learner=run.learner, sampler=run.sampler,
-                          opt=run.opt, tok=run.tok, train=run.train, train_prompts=run.train_prompts,
-                          correction=run.correction, max_new=run.max_new)
+            row = rl_step(step, cfg=cfg, seed=seed, model=run.learner.model, learner=run.learner,
+                          sampler=run.sampler, opt=run.opt, tok=run.tok, train=run.train,
+                          train_prompts=run.train_prompts, correction=run.correction, max_new=run.max_new,
+                          old_logprobs=side.old_logprobs, update=side.update)
+            side.synced()
             row.update({k: None for k in eval_keys})
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                ev = _heldout(run, model, S)
+                ev = heldout()
                 row.update({f"eval/{k}": v for k, v in ev.items() if k != "correct"})
                 extra["eval_last"] = ev
             log.append(row)
@@ -307,18 +360,20 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
             steps_this_call += 1
             killed = stop_after is not None and steps_this_call >= stop_after and step < cfg.steps
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or killed:
-                save_state(state_dir, step=step, model=model, optimizer=run.opt, config=run.run_cfg, extra=extra)
+                side.save(state_dir, step, extra)
             if killed:
                 bar.close()
                 return {"stopped_at": step}
         bar.close()
-        atomic_write_bytes(out / "metrics.csv", log.path.read_bytes())
-        save_pretrained(model, out / FINAL, dtype=torch.float32)
-        save_tokenizer(run.tok, out / FINAL)
-        metrics = summarize(log.rows(), extra)
-        write_result(out / "summary.json", stage="rl", experiment=experiment, config=run.run_cfg, metrics=metrics,
-                     run=name or run.name)
-        return metrics
+        metrics = None
+        if side.main:
+            atomic_write_bytes(out / "metrics.csv", log.path.read_bytes())
+            save_pretrained(model, out / FINAL, dtype=torch.float32)
+            save_tokenizer(run.tok, out / FINAL)
+            metrics = summarize(log.rows(), extra)
+            write_result(out / "summary.json", stage="rl", experiment=experiment, config=run.run_cfg,
+                         metrics=metrics, run=name or run.name)
+        return side.share(metrics)
 
 
 def _heldout(run: _GRPO, model, profile) -> dict:
@@ -382,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
                     progress=not args.no_progress, restart=args.restart, name=args.name)
+    if torch.distributed.is_initialized():  # torchrun: every rank returns rank 0's summary
+        torch.distributed.destroy_process_group()
+    if int(os.environ.get("RANK", "0")):
+        return 0
     print(f"rl: {metrics['steps']} steps, reward {metrics['reward_first_quarter']:.3f} -> "
           f"{metrics['reward_last_quarter']:.3f}, held-out {metrics['heldout_acc_initial']:.3f} -> "
           f"{metrics['heldout_acc_final']:.3f}, k3 mean {metrics.get('mismatch/k3_mean', math.nan):.2e}")

@@ -8,6 +8,7 @@ from minite_core.experiment import (
     gpu_slots,
     input_path,
     launcher,
+    learner_gpu_slots,
     rl_runs,
     run_options,
     section_json,
