@@ -11,6 +11,7 @@ The reward is test_rl_loop's stand-in ("the response contains a 7"), so groups c
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 
 import pytest
@@ -148,3 +149,27 @@ def test_nvfp4_learner_needs_16_rows_per_rank(base, tmp_path, one_thread):
     kw["cfg"] = dataclasses.replace(RL, prompts_per_step=4)  # 8 rows per rank
     with pytest.raises(mp.ProcessRaisedException, match="has 8 rows per rank and mini-batch; its NVFP4 wgrad"):
         _two_ranks(kw)
+
+
+def test_torchrun_cli_equals_one_process(base, tmp_path, one_thread):
+    """As the DAG launches it (`torchrun --standalone --nproc-per-node 2 -m minite_core.cli rl`, init_from_env,
+    the real reward): one step's rollout and mismatch columns are the one-process CLI run's, bit for bit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cfg = json.dumps(dataclasses.asdict(dataclasses.replace(PAIRS["bf16"]["cfg"], steps=1)))
+    args = ["rl", "--pretrained", str(base / "pre" / "model"), "--data", str(base / "data"), "--learner", "bf16",
+            "--sampler", "bf16", "--seed", "5", "--threads", "1", "--no-progress", "--config-json", cfg]
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "minite_core.cli", *args, "--out", str(tmp_path / "two")], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert res.stdout.count("rl: 1 steps") == 1  # rank 0 reports
+    assert train_mod.main([*args[1:], "--out", str(tmp_path / "one")]) == 0
+    (got,), (ref,) = _rows(tmp_path / "two"), _rows(tmp_path / "one")
+    exact = [k for k in ref if k.startswith(EXACT)]
+    assert {k: got[k] for k in exact} == {k: ref[k] for k in exact}

@@ -39,6 +39,10 @@ contract, stage "rl": besides reward and mismatch summaries, ``heldout_n``, ``he
 after). ``final/``: the last weights in transformers format (fp32, with the calibrated scales and the
 tokenizer) for lm-eval.
 
+On R ranks (`torchrun --nproc-per-node R -m minite_core.cli rl ...`, the DAG's launcher with gpus_per_job > 1):
+the same loop, items 4 and 5 on the FSDP2 + expert-parallel learner (rl/distributed.py: every rank samples the
+whole step on a full copy of the weights, rank 0 evaluates and writes); `OneProcess` is the one-process side.
+
 Resume (runs/state.py: checked, `--restart` to start over; runs/lock.py: one writer per run directory): state every ``checkpoint_every`` steps beside the live CSV; a resumed run replays the
 remaining steps exactly (same rows but ``timing/*``): tests/test_rl_loop.py runs K straight vs K/2 + resume + K/2.
 """
