@@ -31,8 +31,9 @@ that closely. NVFP4 learners with a quantized backward need every rank's tokens 
 wgrad's 16-token blocks, nn.shard); L is random, so n/R itself must be a multiple of 16 (checked at start).
 
 State: rank 0 writes runs/state.py's one-process `state.pt` (the sampler copy's full weights, and the AdamW
-moments gathered into a never-stepped AdamW on that copy: the one-process layout, so a one-process run can resume
-it), the step log, the evaluations (greedy held-out, on the sampler copy) and the outputs. Resume: rank 0 runs
+moments gathered into a never-stepped AdamW on that copy: the one-process layout; the config records `ranks`,
+so a state resumes only on the world size that wrote it, since the gradient sums' order is part of the numerics),
+the step log, the evaluations (greedy held-out, on the sampler copy) and the outputs. Resume: rank 0 runs
 runs/state.resume (checks, stale state, log truncation), the step is broadcast, the other ranks read the same
 file, and every rank scatters the full tensors into its shards.
 """
@@ -104,7 +105,9 @@ class DataParallelSide(OneProcess):
         if bad:
             raise RuntimeError(f"sharded and sampler models name their parameters differently: {bad[:3]}")
         self.pairs = [(p, q) for (_, p), (_, q) in self.pairs]
-        self.run = dataclasses.replace(run, learner=Learner(model, profile, seed=run.learner.seed), opt=opt)
+        # the world size is part of the numerics (how gradients are summed): a state resumes on the same one only
+        self.run = dataclasses.replace(run, learner=Learner(model, profile, seed=run.learner.seed), opt=opt,
+                                       run_cfg={**run.run_cfg, "ranks": dp.world})
 
     # ---- full <-> sharded ---------------------------------------------------------------------------------------
     def _full(self, t: torch.Tensor, p) -> torch.Tensor:
