@@ -322,7 +322,7 @@ def _world_one_steps(dp, profile: str, steps: int = 2, device: str = "cpu") -> l
     if dp is not None:
         EP.install(model, dp.rank, dp.world)
         model = D.shard_model(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(D.param_groups(model), lr=LR)  # the GPU's foreach step needs the groups
     track_optimizer(opt, model)  # as the bench and the RL learner: FSDP2's copy-in keeps weight._version
     learner = Learner(model, profile, seed=11)
     prompts, responses, adv = _batch()

@@ -65,13 +65,9 @@ def global_batch(cfg: LearnerBenchConfig, world: int, vocab: int, device: torch.
 
 
 def _optimizer(model, cfg: LearnerBenchConfig, device: torch.device):
-    """AdamW as bench.learner builds it; FSDP's DTensor shards and expert parallelism's whole expert weights in
-    separate groups (a foreach/fused AdamW step does not mix DTensors and plain tensors in one group)."""
-    params = list(model.parameters())
-    groups = [g for g in ([p for p in params if hasattr(p, "full_tensor")],
-                          [p for p in params if not hasattr(p, "full_tensor")]) if g]
+    """AdamW as bench.learner builds it, over `engines.distributed.param_groups`."""
     fused = {"fused": True} if device.type == "cuda" else {}
-    opt = torch.optim.AdamW([{"params": g} for g in groups], lr=cfg.lr, weight_decay=0.0, **fused)
+    opt = torch.optim.AdamW(D.param_groups(model), lr=cfg.lr, weight_decay=0.0, **fused)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     return opt
 

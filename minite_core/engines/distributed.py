@@ -123,6 +123,14 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def param_groups(model: torch.nn.Module) -> list[dict]:
+    """The optimizer's parameter groups: FSDP's DTensor shards, then plain tensors (expert parallelism's whole
+    experts). A foreach or fused AdamW step refuses DTensors and plain tensors in one group (met on the H200)."""
+    params = list(model.parameters())
+    groups = ([p for p in params if hasattr(p, "full_tensor")], [p for p in params if not hasattr(p, "full_tensor")])
+    return [{"params": g} for g in groups if g]
+
+
 @dataclass
 class StepOut:
     loss: torch.Tensor  # fp32 [] this rank's part of the global loss (sums to it over ranks)

@@ -94,11 +94,7 @@ class DataParallelSide(OneProcess):
         EP.install(model, dp.rank, dp.world)  # no-op without MoE layers
         D.shard_model(model)
         self.experts = EP.expert_params(model)
-        params = list(model.parameters())
-        groups = [g for g in ([p for p in params if p not in self.experts], [p for p in params if p in self.experts])
-                  if g]  # a foreach AdamW step does not mix DTensors and plain tensors in one group
-        opt = torch.optim.AdamW([{"params": g} for g in groups], lr=cfg.lr, betas=cfg.betas,
-                                weight_decay=cfg.weight_decay)
+        opt = torch.optim.AdamW(D.param_groups(model), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         track_optimizer(opt, model)
         self.pairs = list(zip(model.named_parameters(), run.sampler.model.named_parameters()))
         bad = [a for (a, _), (b, _) in self.pairs if a != b]
