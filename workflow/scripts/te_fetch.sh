@@ -17,7 +17,7 @@ set -euo pipefail
 die() { echo "te_fetch: error: $*" >&2; exit 1; }
 cd "$(git rev-parse --show-toplevel)" || die "run inside the repository"
 TE_DIR=${TE_DIR:-.te}
-PART_MIB=${TE_PART_MIB:-56}
+PART_MIB=${TE_PART_MIB:-40}  # + the ~10 MiB working tree that travels with every call: <= 64 MiB
 PIP=${PIP:-python3 -m pip}
 PINS=workflow/scripts/te-wheels.txt
 [ -f "$PINS" ] || die "missing $PINS"
@@ -46,12 +46,12 @@ done
 core=$(ls "$TE_DIR"/core/transformer_engine_cu13-*.whl)
 [ "$(echo "$core" | wc -l)" = 1 ] || die "expected one core wheel in $TE_DIR/core, found: $core"
 
-# 2. split the core wheel (parts rewritten only when the wheel changed)
+# 2. split the core wheel (parts rewritten when the wheel or the part size changed)
 core_sha=$(sha256sum "$core" | cut -d' ' -f1)
-if [ ! -f "$TE_DIR/parts/SOURCE" ] || [ "$(cat "$TE_DIR/parts/SOURCE")" != "$core_sha" ]; then
+if [ ! -f "$TE_DIR/parts/SOURCE" ] || [ "$(cat "$TE_DIR/parts/SOURCE")" != "$core_sha $PART_MIB" ]; then
     rm -f "$TE_DIR"/parts/core.whl.part-*
     split -b "${PART_MIB}m" -d -a 2 "$core" "$TE_DIR/parts/core.whl.part-"
-    echo "$core_sha" > "$TE_DIR/parts/SOURCE"
+    echo "$core_sha $PART_MIB" > "$TE_DIR/parts/SOURCE"
 fi
 max=$((PART_MIB * 1024 * 1024))
 for p in "$TE_DIR"/parts/core.whl.part-*; do
