@@ -176,6 +176,26 @@ def test_te_section_from_agreement(tmp_path):
         section_te(tmp_path)
 
 
+def test_te_section_renders_the_first_divergence_trace(tmp_path):
+    """te_compare's own trace keys (trace_compare on toy forwards): the first op that differs at all and the first
+    above the threshold, per mode; an identical mode shows none."""
+    import torch
+
+    from minite_core.peers.te_compare import trace_compare
+
+    ours = {"l0.q": [torch.ones(2, 3)], "l0.mlp.gate": [torch.tensor([[1.0, 2, 3, 4]])], "l1.o": [torch.ones(2, 3)]}
+    te = {"l0.q": [torch.ones(2, 3)], "l0.mlp.gate": [torch.tensor([[1.0, 2, 3, 4.00001]])],
+          "l1.o": [torch.full((2, 3), 1.1)]}
+    _te(tmp_path, k3=0.0)
+    res = json.loads((tmp_path / "te" / "agreement.json").read_text())
+    res["metrics"] |= trace_compare(ours, te, "e2e/nvfp4/trace", top_k=2) | trace_compare(ours, ours, "e2e/bf16/trace")
+    (tmp_path / "te" / "agreement.json").write_text(json.dumps(res))
+    text = section_te(tmp_path)
+    assert "| bf16 | 1.000e-03 | none | none |" in text
+    assert ("| nvfp4 | 1.000e-03 | `l0.mlp.gate` (op 1): rel 1.83e-06, eq bf16 1.0000, routing flip 0.0000 | "
+            "`l1.o` (op 2): rel 9.09e-02, eq bf16 0.0000 |") in text
+
+
 def test_te_learner_pairs_in_the_report(tmp_path):
     """A real-TE learner pair (`te:<mode>:<sampler>`, diagnostics/cli.py): a readable label in the mismatch table,
     and te/diag-te/ as a table in the TE section with its skipped steps."""

@@ -12,7 +12,9 @@ The report may not import the peer (report/ reads only the results contract: tes
 are built here from the metric keys te_compare documents:
 - `quantizer/<variant>/{codes_equal,scales_equal}`: TE's NVFP4QuantizerRef vs our formats, bit for bit;
 - `gemm/<mode>/<M>x<K>x<N>/<fprop|dgrad|wgrad>/{quant_rel, ours/{rel,max_abs,eq_bf16}, dataflow/{rel,eq_bf16}}`;
-- `e2e/<mode>/{ours-vs-te,te-vs-te-bf16}/{k3,max_abs_delta,argmax_flip,...}`: learner log-probs end to end.
+- `e2e/<mode>/{ours-vs-te,te-vs-te-bf16}/{k3,max_abs_delta,argmax_flip,...}`: learner log-probs end to end;
+- `e2e/<mode>/trace/{threshold,first_nonzero,first_divergence,<op>/{step,rel,eq_bf16,routing_flip}}`: the
+  first-divergence trace of those forwards.
 `te_nvfp4_agreement` is the one number claim (e) reads: how far our `te-nvfp4` emulation's log-probs are from TE's.
 """
 from __future__ import annotations
@@ -114,12 +116,32 @@ def section_te(results: Path) -> str:
                      "ours eq bf16", "dataflow vs TE rel", "dataflow eq bf16"], _gemm_rows(m, emulated_by))
             + "\n**End to end** — learner log-probs of the same tokens (k3 as in the mismatch section); the last "
             "column is TE's own quantization effect, TE <mode> vs TE bf16:\n\n"
-            + table(E2E_HEADER, _e2e_rows(m, emulated_by)) + _section_checkpoint(results, emulated_by)
+            + table(E2E_HEADER, _e2e_rows(m, emulated_by)) + _trace_table(m) + _section_checkpoint(results, emulated_by)
             + "\n" + _probe_line(res.get("grouped_probe") or {}) + errors
             + _section_4over6(results) + _section_diag_te(results) + _section_learner(results))
 
 
 E2E_HEADER = ["TE mode", "our profile", "k3 ours vs TE", "max abs Δ", "argmax flip", "k3 TE mode vs TE bf16"]
+
+
+def _trace_cell(m: dict, base: str, which: str) -> str:
+    name = m.get(f"{base}/{which}")
+    if name in (None, "none"):
+        return "none"
+    flip = m.get(f"{base}/{name}/routing_flip")
+    return (f"`{name}` (op {int(m[f'{base}/{name}/step'])}): rel {m[f'{base}/{name}/rel']:.2e}, eq bf16 "
+            f"{m[f'{base}/{name}/eq_bf16']:.4f}" + ("" if flip is None else f", routing flip {flip:.4f}"))
+
+
+def _trace_table(m: dict) -> str:
+    """te_compare's first-divergence trace (`e2e/<mode>/trace/*`) per mode: the first op where ours and TE differ
+    at all and the first above the threshold — the op a profile knob would have to close."""
+    rows = [[b[len("e2e/"):], m.get(f"{b}/trace/threshold"), _trace_cell(m, f"{b}/trace", "first_nonzero"),
+             _trace_cell(m, f"{b}/trace", "first_divergence")] for b in _bases(m, "e2e/", "/trace/first_divergence")]
+    if not rows:
+        return ""
+    return ("\nFirst-divergence trace of those forwards (ours vs TE, every traced op in our execution order):\n\n"
+            + table(["TE mode", "threshold", "first op with rel > 0", "first op with rel > threshold"], rows))
 
 
 def _section_checkpoint(results: Path, emulated_by: dict) -> str:
@@ -129,7 +151,7 @@ def _section_checkpoint(results: Path, emulated_by: dict) -> str:
     c, env = res["config"], res.get("env", {})
     return (f"\n**End to end on a trained model** ({c.get('checkpoint')}, {c.get('prompts')} prompts, commit "
             f"`{env.get('commit')}`; te/checkpoint/): the numbers claim (e) reads.\n\n"
-            + table(E2E_HEADER, _e2e_rows(res["metrics"], emulated_by)))
+            + table(E2E_HEADER, _e2e_rows(res["metrics"], emulated_by)) + _trace_table(res["metrics"]))
 
 
 def _diag_table(res: dict) -> str:
