@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
 from minite_core.nn.experts import GroupedLinear
-from minite_core.nn.moe_layout import combine, expert_counts, moe_layout, permute
+from minite_core.nn.moe_layout import expert_counts, moe_layout, permute
 from minite_core.nn.shard import token_shard
 
 
@@ -43,11 +43,11 @@ class ExpertParallel:
         N, k = top_idx.shape  # x (N, D), top_w / top_idx (N, k)
         E, R = moe.num_experts, self.world
         El = E // R
-        layout = moe_layout(top_idx, E)
         if R == 1:  # a group of one: both all-to-alls are the identity and the split sizes need no host read, so
-            # dispatch/combine reduce to the single-process layer (SparseMoE.forward), op for op
+            # dispatch/combine reduce to the single-process layer, op for op
             with token_shard(None):
-                return combine(moe.experts(permute(x, layout), layout), top_w, layout)
+                return moe.local_experts(x, top_w, top_idx)
+        layout = moe_layout(top_idx, E)
         flat = top_idx.reshape(-1)  # (N·k,)
         order = torch.argsort(flat, stable=True)  # assignments by expert, token order inside
         rows = layout.dest.reshape(-1)[order]  # their rows in the padded layout (unique: no grad accumulation)

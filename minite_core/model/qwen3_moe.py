@@ -192,12 +192,16 @@ class SparseMoE(nn.Module):
         B, T, D = x.shape
         x_flat = x.reshape(-1, D)  # (N, D)
         top_w, top_idx = self.route(x_flat)
-        if self.expert_parallel is not None:
-            return self.expert_parallel(self, x_flat, top_w, top_idx).to(x.dtype).view(B, T, D)
+        ep = self.expert_parallel
+        y = self.local_experts(x_flat, top_w, top_idx) if ep is None else ep(self, x_flat, top_w, top_idx)
+        return y.to(x.dtype).view(B, T, D)
+
+    def local_experts(self, x_flat: torch.Tensor, top_w: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+        """x (N, D), top_w / top_idx (N, K) -> (N, D) fp32: every assignment through this process's experts."""
         layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
         y_pad = self.experts(permute(x_flat, layout), layout)  # (Tp, D)
         # weight in the router dtype, the k rows of a token summed in fp32 in rank order
-        return combine(y_pad, top_w, layout).to(x.dtype).view(B, T, D)
+        return combine(y_pad, top_w, layout)
 
 
 class DecoderLayer(nn.Module):

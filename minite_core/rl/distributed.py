@@ -172,7 +172,7 @@ class DataParallelSide(OneProcess):
                                 **{k: self._local(st[k], p) for k in ("exp_avg", "exp_avg_sq")}}
         for name, m in self.run.sampler.model.named_modules():
             if getattr(m, "input_amax", None) is not None:
-                model.get_submodule(name).input_amax = m.input_amax.clone().to(m.input_amax.device)
+                model.get_submodule(name).input_amax = m.input_amax.clone()
         self.shadow.state.clear()
         clear_weight_caches(model)
 
