@@ -72,6 +72,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.model import PRESETS, CausalLM, set_profile
@@ -466,19 +467,14 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
             "targets": _check_targets(by_name, cuda), "paper": PAPER, **({"op_profile": op_tables} if op_tables else {})}
 
 
-def _op_profile(model, opt, input_ids, labels, name: str, log) -> list[dict]:
-    """One learner step of `name` under torch.profiler: the 25 kernels with the most device time (untimed)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _op_profile(model, opt, input_ids, labels, name: str, log) -> dict:
+    """One learner step of `name` under torch.profiler: its kernels (bench.op_profile; untimed)."""
     set_profile(model, name)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profiled(input_ids.device) as prof:
         learner_step(model, opt, input_ids, labels)
-        torch.cuda.synchronize()
-    events = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
-                    key=lambda e: -e.device_time_total)[:25]
-    rows = [{"op": e.key[:120], "calls": e.count, "device_ms": e.device_time_total / 1e3} for e in events]
-    log(f"top kernels, {name}: " + "; ".join(f"{r['op'][:60]} {r['device_ms']:.1f} ms x{r['calls']}" for r in rows[:12]))
-    return rows
+    table = kernel_table(prof)
+    log(f"kernels, {name}: {summary(table, 12)}")
+    return table
 
 
 def _kernel_backend() -> str:

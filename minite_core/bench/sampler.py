@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from minite_core.bench.learner import random_model
+from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.timing import Stats, Timer
 from minite_core.engines import FastSampler, Sampler
 from minite_core.engines.fast_sampler import GraphCaptureError
@@ -66,6 +67,7 @@ class SamplerBenchConfig:
     tiny: bool = False  # CPU: tiny models, same code
     cpu_threads: int | None = None
     seed: int = 0
+    op_profile: bool = False  # per profile, RL shape at reference_batch: the kernels of one decode step (untimed)
 
 
 CONFIGS = {
@@ -192,13 +194,16 @@ def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
     try:
         t0 = time.perf_counter()
         deadline = t0 + cfg.budget_s
-        rows, reference = [], []
+        rows, reference, profiles = [], [], {}
         for shape in cfg.shapes:
             model = build(shape, cfg, device)
             for batch in cfg.rl_batches if shape == "rl" else cfg.weight_bound_batches:
                 rows += _rows_for(model, shape, batch, cfg, device, deadline, log)
             if shape == "rl":
                 reference = _reference_rows(model, cfg, device, deadline)
+                if cfg.op_profile:
+                    prompts = _prompts(cfg.reference_batch, cfg, model.config.vocab_size)
+                    profiles = {name: op_profile(model, name, prompts, cfg, device, log) for name in cfg.profiles}
             del model
         log(f"sampler bench: {time.perf_counter() - t0:.1f} s")
     finally:
@@ -207,7 +212,22 @@ def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
     config = {**dataclasses.asdict(cfg), "device": str(device),
               "model_configs": {s: dataclasses.asdict(shape_config(s, cfg.tiny)[0]) for s in cfg.shapes}}
     return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
-            "reference": reference, "targets": check_targets(rows, device.type == "cuda")}
+            "reference": reference, "targets": check_targets(rows, device.type == "cuda"),
+            **({"op_profile": profiles} if profiles else {})}
+
+
+def op_profile(model, profile: str, prompts, cfg: SamplerBenchConfig, device, log, steps: int = 4) -> dict:
+    """`steps` eager decode steps of the fast sampler under torch.profiler (bench.op_profile; eager so the host
+    side shows too — the kernels are the ones a captured graph replays)."""
+    sampler = FastSampler(model, profile, device=device, graph=False)
+    st = sampler.start(prompts, **_gen_kwargs(cfg))
+    sampler.step(st)  # warm-up: compiled kernels, weight caches
+    with profiled(device) as prof:
+        for _ in range(steps):
+            sampler.step(st)
+    table = {"batch": len(prompts), **kernel_table(prof, steps, top=20)}
+    log(f"decode step, {profile}: {summary(table)}")
+    return table
 
 
 def _add_ratios(rows: list[dict], reference: list[dict]) -> None:
@@ -265,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, dest="new_tokens")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock budget (rows left are skipped)")
+    ap.add_argument("--op-profile", action="store_true", default=None, dest="op_profile",
+                    help="per profile, the kernels of one decode step (RL shape, reference batch; untimed)")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
     add_common_args(ap, config_help="the experiment's `sampler_bench:` section as JSON (keys = the flags above)")
     args = parse_with_config(ap, argv)
@@ -274,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--config {name!r}: one of {', '.join(CONFIGS)}")
     over = {"profiles": tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None,
             "shapes": tuple(s.strip() for s in args.shapes.split(",") if s.strip()) if args.shapes else None,
-            "new_tokens": args.new_tokens, "reps": args.reps, "budget_s": args.budget_s, "seed": args.seed}
+            "new_tokens": args.new_tokens, "reps": args.reps, "budget_s": args.budget_s, "seed": args.seed,
+            "op_profile": args.op_profile}
     try:
         cfg = dataclasses.replace(CONFIGS[name], **{k: v for k, v in over.items() if v is not None})
         for shape in cfg.shapes:
