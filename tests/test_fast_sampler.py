@@ -179,6 +179,9 @@ def test_host_sync_detector_sees_syncs():
              "nonzero": lambda: x.nonzero(), "__getitem__": lambda: x[x > 2], "tensor": lambda: torch.tensor([1.0])}
     for op, fn in cases.items():
         assert [s.op for s in find_host_syncs(fn)] == [op], op
+    # placed on the host by a literal device="cpu" (foreach AdamW's step increment on CUDA): no copy, no sync
+    assert find_host_syncs(lambda: torch.tensor(1.0, device="cpu")) == []
+    assert [s.op for s in find_host_syncs(lambda: torch.tensor(1.0, device=x.device))] == ["tensor"]
 
 
 def test_race_noise_is_counter_based():
@@ -190,6 +193,21 @@ def test_race_noise_is_counter_based():
     assert not torch.equal(q, ref_sampler.race_noise(seeds, 8, 64))
     big = ref_sampler.race_noise(seeds, 0, 1 << 14)
     assert abs(float(big.mean()) - 1.0) < 0.02 and bool((big > 0).all()) and bool(torch.isfinite(big).all())
+
+
+@pytest.mark.parametrize("vocab", [64, 1500])
+def test_uniform_rows_triton_equals_the_plain_philox(vocab):
+    """kernels/noise.py (one launch; the interpreter on CPU) == formats.philox's plain torch Philox, bit for bit:
+    every row key (0, 2^63 - 1, derived seeds), int and device steps, a vocabulary over more than one block."""
+    from minite_core.kernels import dispatch
+
+    seeds = torch.tensor([0, (1 << 63) - 1] + [ref_sampler.derive_seed(3, i) for i in range(3)])
+    if CUDA:
+        seeds = seeds.cuda()
+    for step in (0, 7, torch.tensor(1 << 20, device=seeds.device)):
+        ref = dispatch.uniform_rows(seeds, step, vocab, ref_sampler.U_ZERO_GUARD, backend="reference")
+        fast = dispatch.uniform_rows(seeds, step, vocab, ref_sampler.U_ZERO_GUARD, backend="triton")
+        assert torch.equal(fast, ref), step
 
 
 def test_exponential_race_samples_the_processed_distribution():

@@ -8,7 +8,8 @@ autograd Functions too — each call that would sync on a GPU:
 - a value read to the host: `.item()`, `.tolist()`, `bool/int/float/index(t)`, `.numpy()`, `.cpu()`;
 - a data-dependent output shape: `nonzero`, `argwhere`, `bincount`, `unique`, `masked_select`, boolean-mask
   indexing, `repeat_interleave` without `output_size`;
-- a host-to-device copy of Python data: `torch.tensor` / `torch.as_tensor` of a non-tensor.
+- a host-to-device copy of Python data: `torch.tensor` / `torch.as_tensor` of a non-tensor (not with a literal
+  `device="cpu"`, which stays on the host on a GPU machine too).
 It does not see syncs inside a C++ op; the CUDA check does.
 """
 from __future__ import annotations
@@ -47,8 +48,9 @@ def _syncs(name: str, args, kwargs) -> bool:
         return _has_bool_index(args)
     if name == "repeat_interleave":
         return "output_size" not in kwargs
-    if name in _FROM_HOST:
-        return bool(args) and not isinstance(args[0], torch.Tensor)
+    if name in _FROM_HOST:  # a tensor placed on the host by a literal device="cpu" stays there on any machine (e.g.
+        # foreach AdamW's CPU step increment, once per parameter group on CUDA): no copy, no sync
+        return bool(args) and not isinstance(args[0], torch.Tensor) and kwargs.get("device") != "cpu"
     return False
 
 

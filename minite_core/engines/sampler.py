@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minite_core.engines.batching import pack_left
-from minite_core.formats import philox
+from minite_core.kernels import dispatch
 from minite_core.model import KVCache, set_profile
 from minite_core.model.routing import NOT_ROUTED, Routing, moe_layers, stack_calls, use_routing
 from minite_core.profiles import Profile, get_profile
@@ -159,9 +159,7 @@ def race_noise(seeds: torch.Tensor, step, vocab: int) -> torch.Tensor:
     Guard: u == 0 (probability 2^-31 per draw) would give q = +inf, a token that can never win; it is read as
     U_ZERO_GUARD = 2^-32, half the smallest positive uniform (q = 22.18, just past the grid's largest q, 21.49), so
     every q is finite and positive and argmax(p / q) always picks a token with p > 0."""
-    offset = torch.arange(vocab, dtype=torch.long, device=seeds.device) + step * (1 << 32)  # (V,)
-    u = philox.uniform(seeds[:, None], offset[None, :])  # (B, V)
-    return -torch.log(torch.where(u == 0, torch.full_like(u, U_ZERO_GUARD), u))
+    return -torch.log(dispatch.uniform_rows(seeds, step, vocab, U_ZERO_GUARD))  # (B, V); one launch on a GPU
 
 
 def sample_step(logits: torch.Tensor, seeds: torch.Tensor, step, *, temperature: float, top_p: float):

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import torch
 
 from minite_core.formats import nvfp4 as ref
+from minite_core.formats import philox as ref_philox
 from minite_core.kernels.operands import DqOperand
 from minite_core.profiles import Quant
 
@@ -332,3 +333,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     from minite_core.kernels.rmsnorm import InvariantRMSNorm
 
     return InvariantRMSNorm.apply(x, weight, residual, eps, reference)
+
+
+def uniform_rows(seeds: torch.Tensor, step, vocab: int, guard: float, *, backend: str | None = None) -> torch.Tensor:
+    """u[b, v] = formats.philox.uniform(seeds[b], v + step * 2^32), u == 0 read as `guard`: (B, vocab) fp32 — one
+    Triton launch on the fast path (kernels/noise.py), the plain torch Philox otherwise; the same bits."""
+    if not fast_path(seeds, backend):
+        offset = torch.arange(vocab, dtype=torch.long, device=seeds.device) + step * (1 << 32)  # (V,)
+        u = ref_philox.uniform(seeds[:, None], offset[None, :])
+        return torch.where(u == 0, torch.full_like(u, guard), u)
+    from minite_core.kernels.noise import uniform_rows as uniform_rows_triton
+
+    step = step if isinstance(step, torch.Tensor) else torch.tensor(step, dtype=torch.long, device=seeds.device)
+    return uniform_rows_triton(seeds, step, vocab, guard)

@@ -34,7 +34,7 @@ from minite_core.kernels import dispatch
 from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
-from minite_core.nn.linear import torch_dtype
+from minite_core.nn.linear import cast_weight, torch_dtype
 from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
 from minite_core.profiles import PROFILES, Profile, get_profile
 
@@ -47,6 +47,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.batch_invariant = False  # profile knob (set_profile): the one-program-per-row kernel on the fast path
+        self.weight_cache: dict = {}  # the weight cast to the activation dtype, once per version (no-grad calls)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """residual given: normalise the fp32 sum x + residual before it is rounded (fused add-norm)."""
@@ -57,6 +58,8 @@ class RMSNorm(nn.Module):
     def reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         x_fp32 = x.float() if residual is None else x.float() + residual.float()
         x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if weight is self.weight and not (torch.is_grad_enabled() and weight.requires_grad):
+            weight = cast_weight(weight, x.dtype, self.weight_cache)  # the same bits as .to(), cast once (decode)
         return weight.to(x.dtype) * x_fp32.to(x.dtype)
 
 

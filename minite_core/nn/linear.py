@@ -126,7 +126,7 @@ def cache_context():
     return torch.inference_mode(False)
 
 
-def _cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -> torch.Tensor:
+def cast_weight(weight: torch.Tensor, dtype: torch.dtype, cache: dict | None) -> torch.Tensor:
     """weight in `dtype`, cast once per weight version (the fp32 master stays the parameter)."""
     if weight.dtype == dtype:
         return weight
@@ -170,8 +170,8 @@ def _plain_linear(x, weight, dtype, cache, invariant: bool = False):
         return (x.double() @ weight.double().t()).float()
     x = x.to(dtype)
     if weight.dtype == dtype or not weight.requires_grad or not torch.is_grad_enabled():
-        return F.linear(x, _cast_weight(weight, dtype, cache))
-    return _CastLinear.apply(x, weight, _cast_weight(weight, dtype, cache))
+        return F.linear(x, cast_weight(weight, dtype, cache))
+    return _CastLinear.apply(x, weight, cast_weight(weight, dtype, cache))
 
 
 def _shard_amax(x: torch.Tensor, shard: TokenShard | None, spec: Quant | None = None, *, rht: bool = False,
