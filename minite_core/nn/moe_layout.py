@@ -12,7 +12,8 @@ wants 16-byte-aligned groups (torchtitan pads token groups to 8/16 rows for the 
 Shapes are static: Tp = round16(N·k + 15·E) depends only on N, k, E; the last expert's segment runs to Tp (it
 absorbs the unused rows as more zero padding), so every row of the buffer belongs to an expert and no kernel ever
 reads an unwritten row. Everything is built on the device with no host sync (scatter_add counts, a stable argsort,
-cumsum, searchsorted), so the layout works inside a CUDA graph.
+cumsum, searchsorted), so the layout works inside a CUDA graph; small routings on the fast path build it in one
+Triton launch instead (kernels/moe_layout.py: ~30 kernels -> 1 per MoE layer of a decode step).
 
 `permute` (x [N, D] -> x_pad [Tp, D]) has a deterministic backward: the k copies of a token's gradient are summed
 in rank order in fp32 (an index_add would sum them in a nondeterministic order on the GPU). `combine` weights
@@ -23,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from minite_core.kernels import dispatch
 
 ALIGN = 16
 
@@ -59,7 +62,20 @@ def expert_counts(flat_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
-    """top_idx (N, k) expert ids -> the padded sorted layout (device ops only)."""
+    """top_idx (N, k) expert ids -> the padded sorted layout (device ops only). Small routings on the fast path
+    (decode) take one Triton launch (kernels/moe_layout.py, equal field by field); the rest, `moe_layout_reference`."""
+    N, k = top_idx.shape
+    if dispatch.fast_path(top_idx):
+        from minite_core.kernels import moe_layout as kernel
+
+        if kernel.fits(N * k, num_experts):
+            fields = kernel.moe_layout_triton(top_idx, num_experts, padded_rows(N, k, num_experts))
+            return MoELayout(*fields, num_experts=num_experts)
+    return moe_layout_reference(top_idx, num_experts)
+
+
+def moe_layout_reference(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
+    """The layout in torch ops (~30 kernels on a GPU): the reference, the CPU path and the learner's shapes."""
     N, k = top_idx.shape
     E, dev = num_experts, top_idx.device
     flat = top_idx.reshape(-1)  # (N*k,)
