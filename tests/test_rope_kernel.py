@@ -15,7 +15,8 @@ CUDA = torch.cuda.is_available()
 # (x dtype, cos/sin dtype, rope dtype, rounding): every mode of apply_rope the profiles use, and fp32 throughout
 MODES = [(torch.bfloat16, torch.bfloat16, None, "rne"), (torch.bfloat16, torch.bfloat16, torch.float32, "rne"),
          (torch.bfloat16, torch.bfloat16, torch.float32, "rtz"), (torch.float32, torch.float32, None, "rne"),
-         (torch.bfloat16, torch.float32, torch.float32, "rtz"), (torch.float32, torch.float32, torch.bfloat16, "rne")]
+         (torch.bfloat16, torch.float32, torch.float32, "rtz"), (torch.float32, torch.float32, torch.bfloat16, "rne"),
+         (torch.float16, torch.float16, None, "rne"), (torch.float16, torch.float16, torch.float32, "rne")]
 SHAPES = [(3, 5, 1, 32), (2, 3, 7, 128), (1, 8, 13, 32)]  # (B, H, T, Dh): decode, prefill, odd sizes
 
 
