@@ -335,6 +335,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return InvariantRMSNorm.apply(x, weight, residual, eps, reference)
 
 
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None, rounding: str, *,
+         reference, backend: str | None = None) -> torch.Tensor:
+    """RoPE of x (B, H, T, Dh) in one launch (kernels/rope.py), bitwise `reference(x, cos, sin, dtype, rounding)`:
+    the kernel on the fast path when no gradient is needed (it is forward-only) and it takes these dtypes, else
+    `reference` itself."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+    if grad or not fast_path(x, backend):
+        return reference(x, cos, sin, dtype, rounding)
+    from minite_core.kernels import rope as _rope
+
+    if not _rope.supported(x, cos, sin, dtype):
+        return reference(x, cos, sin, dtype, rounding)
+    return _rope.rope_triton(x, cos, sin, dtype, rounding)
+
+
 def uniform_rows(seeds: torch.Tensor, step, vocab: int, guard: float, *, backend: str | None = None) -> torch.Tensor:
     """u[b, v] = formats.philox.uniform(seeds[b], v + step * 2^32), u == 0 read as `guard`: (B, vocab) fp32 — one
     Triton launch on the fast path (kernels/noise.py), the plain torch Philox otherwise; the same bits."""

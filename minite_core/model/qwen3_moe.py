@@ -89,7 +89,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: tor
                rounding: str = "rne") -> torch.Tensor:
     """x (B, H, T, Dh) rotated. dtype None: in x's dtype, each product and the sum rounded (transformers);
     else in `dtype` with one rounding back to x's dtype (profile knobs rope_dtype, kernel_rounding; vLLM's
-    CPU kernel: fp32, truncated). bf16 products are exact in fp32, so fp32 is bitwise with or without FMA."""
+    CPU kernel: fp32, truncated). bf16 products are exact in fp32, so fp32 is bitwise with or without FMA.
+    Fast path (no gradient): one Triton launch, bitwise this reference (kernels/rope.py)."""
+    if dispatch.fast_path(x):
+        return dispatch.rope(x, cos, sin, dtype, rounding, reference=apply_rope_reference)
+    return apply_rope_reference(x, cos, sin, dtype, rounding)
+
+
+def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None,
+                         rounding: str = "rne") -> torch.Tensor:
+    """`apply_rope`'s plain torch arithmetic (the CPU path, autograd, and what the kernel is tested against)."""
     if dtype is None or dtype == x.dtype:
         return x * cos + _rotate_half(x) * sin
     xd = x.to(dtype)

@@ -56,7 +56,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
             raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
                                "minite_core.nn.calibrate(model, batches) first")
         dtype = torch_dtype(profile.dtype)
-        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset)
+        wgrad = torch.is_grad_enabled() and weight.requires_grad  # no-grad calls (decode, eval) quantize no xᵀ
+        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset, wgrad)
     bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
     outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
                    cache=cache, key=e + expert_offset) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
@@ -196,8 +197,9 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
 
 class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset):
-        # x (Tp, K) compute dtype; weight (E, N, K) master dtype
+    def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset,
+                wgrad: bool):
+        # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's
         if profile.decode_gemm == "packed":
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
@@ -214,7 +216,7 @@ class _GroupedNVFP4(torch.autograd.Function):
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
         ctx.expert_offset = expert_offset
         saved = ()
-        if profile.grad is not None and weight.requires_grad:
+        if profile.grad is not None and wgrad:
             spec = profile.activation or profile.grad
             x_t, _, s_xt = _quantize_cols(x.detach(), dataclasses.replace(spec, rounding="rne"), layout,
                                           rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
@@ -242,7 +244,7 @@ class _GroupedNVFP4(torch.autograd.Function):
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
             dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None
 
 
 class GroupedLinear(nn.Module):

@@ -197,8 +197,9 @@ def _e4m3_bound(spec: Quant) -> float:
 
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused):
-        # x: (M, K) compute dtype; weight: (N, K) master dtype
+    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused, wgrad: bool):
+        # x: (M, K) compute dtype; weight: (N, K) master dtype; wgrad: a backward will want dW (grad mode was on
+        # at the call and the weight requires grad — ctx.needs_input_grad ignores grad mode)
         shard = current_shard()  # a data-parallel rank's token slice (nn.shard), or None
         if shard is not None and profile.grad is not None and profile.wgrad_input_scale_mode != "tensor":
             raise NotImplementedError(f"profile {profile.name!r}: wgrad_input_scale_mode="
@@ -238,7 +239,7 @@ class _NVFP4Linear(torch.autograd.Function):
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         ctx.shard = shard
         saved = ()
-        if profile.grad is not None and weight.requires_grad:
+        if profile.grad is not None and wgrad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
             spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
             x_p = _pad_tokens(x.detach())
@@ -284,7 +285,7 @@ class _NVFP4Linear(torch.autograd.Function):
             else:
                 x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
                 dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str = "linear",
@@ -303,7 +304,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
         raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
                            "minite_core.model.calibrate(model, batches) first")
     lead = x.shape[:-1]
-    y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused)
+    wgrad = torch.is_grad_enabled() and weight.requires_grad  # no-grad calls (decode, eval) quantize no xᵀ
+    y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused,
+                           wgrad)
     return y.reshape(*lead, weight.shape[0])
 
 
