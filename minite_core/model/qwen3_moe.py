@@ -188,7 +188,9 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (N, D) -> weights (N, K) in the router dtype, expert ids (N, K)
-        logits = self.gate(x.to(torch_dtype(self.gate.profile.router_dtype)))  # (N, E)
+        # x in the compute dtype: nn.linear casts it to the router dtype (the fp32 fast path takes a bf16 x as its
+        # own first bf16 piece: 3 GEMMs, not 6 with two all-zero pieces of x.float())
+        logits = self.gate(x)  # (N, E) in the router dtype
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)  # (N, K)
         if self.routing is not None:  # record / replay (model/routing.py)
@@ -304,7 +306,7 @@ class CausalLM(nn.Module):
             x = self.model.norm(x)
         if cache is not None:
             cache.advance(real)
-        return self.lm_head(x.to(torch_dtype(self.lm_head.profile.lm_head_dtype))).float()  # (B, T, V)
+        return self.lm_head(x).float()  # (B, T, V); nn.linear casts x to the LM-head dtype (as the router's)
 
     @staticmethod
     def _mask(real: torch.Tensor, B: int, T: int, device) -> torch.Tensor:
