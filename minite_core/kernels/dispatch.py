@@ -335,6 +335,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return InvariantRMSNorm.apply(x, weight, residual, eps, reference)
 
 
+def rms_norm_tail(x_fp32: torch.Tensor, ms: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype,
+                  *, backend: str | None = None) -> torch.Tensor | None:
+    """RMSNorm after its mean, bf16(w · bf16(x · rsqrt(ms + eps))), in one launch (kernels/rmsnorm_tail.py) on the
+    fast path for fp32/bf16/fp16 outputs when no gradient is needed; None otherwise (the caller runs torch's ops)."""
+    grad = torch.is_grad_enabled() and (x_fp32.requires_grad or weight.requires_grad)
+    if grad or out_dtype not in (torch.float32, torch.bfloat16, torch.float16) or not fast_path(x_fp32, backend):
+        return None
+    from minite_core.kernels.rmsnorm_tail import rms_norm_tail as tail
+
+    return tail(x_fp32, ms, weight, eps, out_dtype)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None, rounding: str, *,
          reference, backend: str | None = None) -> torch.Tensor:
     """RoPE of x (B, H, T, Dh) in one launch (kernels/rope.py), bitwise `reference(x, cos, sin, dtype, rounding)`:

@@ -57,10 +57,13 @@ class RMSNorm(nn.Module):
 
     def reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         x_fp32 = x.float() if residual is None else x.float() + residual.float()
-        x_fp32 = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
+        ms = x_fp32.pow(2).mean(-1, keepdim=True)
         if weight is self.weight and not (torch.is_grad_enabled() and weight.requires_grad):
             weight = cast_weight(weight, x.dtype, self.weight_cache)  # the same bits as .to(), cast once (decode)
-        return weight.to(x.dtype) * x_fp32.to(x.dtype)
+            y = dispatch.rms_norm_tail(x_fp32, ms, weight, self.eps, x.dtype)  # the rest in one launch (GPU)
+            if y is not None:
+                return y
+        return weight.to(x.dtype) * (x_fp32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
