@@ -137,10 +137,25 @@ def _sync_debug_error():
         torch.cuda.set_sync_debug_mode(before)
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device) -> torch.cuda.Stream:
+    """One stream per device for every warm-up and capture. Per-stream lazy state (cuBLAS's workspace) is then
+    made by the first eager warm-up, outside any graph pool: made during a capture (torch.cuda.graph's own
+    stream, first used there), it outlived the graph and kept its pool in use, and PyTorch's allocator refused the
+    next capture into that pool (`use_count > 0` assert on the H200, a re-capture after a weight update)."""
+    device = torch.device(device)
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
 def capture_step(fn, device, pool) -> torch.cuda.CUDAGraph:
     """PyTorch's torch.cuda.graph recipe for `fn` (a step that writes only into static buffers): WARMUP_STEPS
-    eager calls on a side stream (the last under sync debug mode "error"), then the capture into `pool`."""
-    side = torch.cuda.Stream(device)
+    eager calls on a side stream (the last under sync debug mode "error"), then the capture into `pool` on that
+    same stream (`_side_stream`)."""
+    side = _side_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for i in range(WARMUP_STEPS):
@@ -148,7 +163,7 @@ def capture_step(fn, device, pool) -> torch.cuda.CUDAGraph:
                 fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         fn()
     return graph
 
