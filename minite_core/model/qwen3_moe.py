@@ -53,17 +53,19 @@ class RMSNorm(nn.Module):
         """residual given: normalise the fp32 sum x + residual before it is rounded (fused add-norm)."""
         if self.batch_invariant and dispatch.fast_path(x):
             return dispatch.rms_norm(x, self.weight, self.eps, residual, reference=self.reference)
-        return self.reference(x, self.weight, residual)
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            return self.reference(x, self.weight, residual)
+        # no gradient (decode, eval): the weight cast once per version (the same bits as .to()), and on the GPU
+        # everything after torch's mean in one launch (dispatch.rms_norm_tail)
+        weight = cast_weight(self.weight, x.dtype, self.weight_cache)
+        return self.reference(x, weight, residual, tail=dispatch.rms_norm_tail)
 
-    def reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                  tail=None) -> torch.Tensor:
         x_fp32 = x.float() if residual is None else x.float() + residual.float()
         ms = x_fp32.pow(2).mean(-1, keepdim=True)
-        if weight is self.weight and not (torch.is_grad_enabled() and weight.requires_grad):
-            weight = cast_weight(weight, x.dtype, self.weight_cache)  # the same bits as .to(), cast once (decode)
-            y = dispatch.rms_norm_tail(x_fp32, ms, weight, self.eps, x.dtype)  # the rest in one launch (GPU)
-            if y is not None:
-                return y
-        return weight.to(x.dtype) * (x_fp32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
+        y = tail(x_fp32, ms, weight, self.eps, x.dtype) if tail is not None else None  # None: not taken here
+        return y if y is not None else weight.to(x.dtype) * (x_fp32 * torch.rsqrt(ms + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -94,9 +96,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: tor
     else in `dtype` with one rounding back to x's dtype (profile knobs rope_dtype, kernel_rounding; vLLM's
     CPU kernel: fp32, truncated). bf16 products are exact in fp32, so fp32 is bitwise with or without FMA.
     Fast path (no gradient): one Triton launch, bitwise this reference (kernels/rope.py)."""
-    if dispatch.fast_path(x):
-        return dispatch.rope(x, cos, sin, dtype, rounding, reference=apply_rope_reference)
-    return apply_rope_reference(x, cos, sin, dtype, rounding)
+    return dispatch.rope(x, cos, sin, dtype, rounding, reference=apply_rope_reference)
 
 
 def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None,
