@@ -105,12 +105,55 @@ def bench_quantize(rec, m=16384, k=4096, reps=30):
             rec.add(name, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps,
                     moved_gbps=(in_bytes + out_bytes) / t[0] / 1e6)
         _guard(rec, name, shape, run)
+    bench_quantize_cols(rec, x, t_copy, copy_gbps, reps)
     # tile sweep for the default (1x16 row dynamic): BLOCK_M, BLOCK_K, num_warps
     for bm, bk, nw in [(16, 256, 4), (8, 256, 4), (16, 512, 8), (32, 256, 8), (16, 128, 4), (4, 512, 4)]:
         nm = f"quantize-tile-bm{bm}-bk{bk}-w{nw}"
         _guard(rec, nm, shape, lambda bm=bm, bk=bk, nw=nw, nm=nm: rec.add(
             nm, shape, time_fn(lambda: quantize_triton(x, scale_mode="row", check=False, block_m=bm, block_k=bk,
                                                          num_warps=nw), reps), "d2d-copy", t_copy))
+
+
+COLS_SWEEP = [(32, 64, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 4), (128, 128, 8), (64, 256, 8),
+              (32, 128, 4)]  # (BLOCK_T, BLOCK_C, num_warps)
+
+
+def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
+    """The along-token quantizer (kernels/quantize_cols.py: x [T, C] -> codes of xᵀ, the wgrad operands) and its
+    block-amax pass, against the same D2D copy: minite's saved xᵀ (static scale after the amax pass), a gradient's
+    dyᵀ (SR + the bf16 copy for the GEMM), and TE's recipe (RHT, rounded to bf16)."""
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
+
+    m, k = x.shape
+    shape = f"{m}x{k} bf16"
+    variants = {
+        "quantize-cols-static": dict(amax=4.0),
+        "quantize-cols-static-sr+dq": dict(amax=4.0, rounding="sr", seed=1, emit_dq=True),
+        "quantize-cols-rht-bf16-static": dict(amax=4.0, rht=True, rht_dtype="bfloat16"),
+        "quantize-cols-rht-bf16-static-sr+dq": dict(amax=4.0, rht=True, rht_dtype="bfloat16", rounding="sr", seed=1,
+                                                    emit_dq=True),
+    }
+    for name, kw in variants.items():
+        def run(kw=kw, name=name, cfg=None):
+            tile = {} if cfg is None else dict(block_t=cfg[0], block_c=cfg[1], num_warps=cfg[2])
+            t = time_fn(lambda: quantize_cols_triton(x, check=False, **kw, **tile), reps)
+            out_bytes = m * k // 2 + m * k // 16 + (m * k * 2 if kw.get("emit_dq") else 0)
+            gbps = (m * k * 2 + out_bytes) / t[0] / 1e6  # compulsory bytes (input read once)
+            label = name if cfg is None else f"{name}-bt{cfg[0]}-bc{cfg[1]}-w{cfg[2]}"
+            rec.add(label, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps)
+        _guard(rec, name, shape, run)
+        for cfg in COLS_SWEEP if sweep and name.endswith(("cols-static", "sr+dq")) else ():
+            _guard(rec, name, shape, lambda cfg=cfg, run=run: run(cfg=cfg))
+    for name, kw in (("col-block-amax", {}), ("col-block-amax-rht-bf16", dict(rht=True, rht_dtype="bfloat16"))):
+        def amax(kw=kw, name=name, cfg=None):
+            tile = {} if cfg is None else dict(block_t=cfg[0], block_c=cfg[1], num_warps=cfg[2])
+            t = time_fn(lambda: col_block_amax(x, **kw, **tile), reps)
+            gbps = m * k * 2 / t[0] / 1e6
+            label = name if cfg is None else f"{name}-bt{cfg[0]}-bc{cfg[1]}-w{cfg[2]}"
+            rec.add(label, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps)
+        _guard(rec, name, shape, amax)
+        for cfg in COLS_SWEEP if sweep else ():
+            _guard(rec, name, shape, lambda cfg=cfg, amax=amax: amax(cfg=cfg))
 
 
 def bench_linear(rec, m, n, k, reps=20, sweep=False):

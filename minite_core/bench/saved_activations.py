@@ -71,12 +71,16 @@ def saved_activation_bytes(model, input_ids) -> dict:
     region = {"decoder": False}
 
     def pack(t: torch.Tensor):
+        # the graph keeps what pack returns; a saved op OUTPUT returned as itself would hold its own grad_fn: a
+        # reference cycle through the C++ graph that Python's GC cannot free (the H200 bench kept every counted
+        # graph alive: ~10 GB per layer and profile on top of each timed step's peak). A detached alias keeps the
+        # storage (and its version counter) without the cycle.
         ptr = t.untyped_storage().data_ptr()
         if ptr in param_ptrs or ptr in seen or _is_param_derived(t, param_ids):
-            return t
+            return t.detach()
         producer = type(t.grad_fn).__name__ if t.grad_fn is not None else "no-grad (inside an autograd Function)"
         seen[ptr] = (t.untyped_storage().nbytes(), str(t.dtype).removeprefix("torch."), region["decoder"], producer)
-        return t  # keep it alive: storages are not recycled (so pointers stay unique) during the count
+        return t.detach()  # keeps the storage alive: not recycled (so pointers stay unique) during the count
 
     def enter(*_):
         region["decoder"] = True

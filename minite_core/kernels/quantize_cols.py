@@ -2,16 +2,23 @@
 blocks along T — the wgrad operands (xᵀ saved for dW = dyᵀ x, and dyᵀ), read once, written transposed.
 
 Why a kernel of its own: quantizing xᵀ through the row quantizer means reading x through a transposed view — the
-16 elements of a block are 16 rows apart — and, under TE's recipe, running the Hopper-unfriendly RHT butterfly on a
-tile whose contiguous axis is the wrong one (the H200 measured 7.7 ms per call for the amax pass alone at
-T = 133k, C = 2048). Here a program loads a [BLOCK_T, BLOCK_C] tile of x coalesced along C, transforms and
-reduces along T inside registers (one 16-token block = 16 rows of the tile), and transposes only the finished
-codes, scales and bf16 copy on their way out.
+16 elements of a block are 16 rows apart — and, under TE's recipe, running the RHT butterfly across that strided
+axis (the H200 measured 7.7 ms per call for the amax pass alone at T = 133k, C = 2048).
 
-Numerics are `quantize_triton`'s on xᵀ, bit for bit (same helpers: `_global_scales`, `_e4m3_rne`, `_e2m1_rne`,
-`_sr_magnitude`, the RHT butterfly order (its result rounded to bf16 under `rht_dtype="bfloat16"`), and the SR stream `uniform_grid(seed, c, t)`): global scale per tensor
-(a scalar amax) or per 16-token block (`col_amax` [T/16], the MoE's per-expert scales); SR seeds either one
-seed or, per token, (seed, expert-local token index) arrays (`seg_seed`). No K loop: a tile holds whole blocks.
+How: a program owns G = BLOCK_T / 16 token blocks x BLOCK_C channels and holds the 16 tokens of its blocks as 16
+separate (G, BLOCK_C) tensors, each loaded coalesced along C. Everything along T is then elementwise across those
+16 tensors: the RHT butterfly (pairs of tensors), the block amax (a max of 16), the codes of a block and their
+packing (8 bytes of one block = one int64 word of xᵀ's row; the bf16 copy: 4 tokens per int64 word). No value
+crosses threads — the previous version reshaped a [BLOCK_T, BLOCK_C] tile into [G, 16, BLOCK_C] for the butterfly,
+the block amax and the packing, and each reshape, transpose and split was a trip through shared memory: on the
+H200 at Qwen3-30B-A3B shapes (4 layers, 16,384 tokens) one learner step spent 187 ms in TE-NVFP4's RHT amax and
+quantize passes and 42 ms in minite's (probe of 2026-12-02; the rewrite's numbers are in bench/NOTES.md).
+
+Numerics are `quantize_triton`'s on xᵀ, bit for bit (same helpers: `_global_scales`, `block_scales`, `_e2m1_rne`,
+`_sr_magnitude`, the reference's RHT butterfly order (its result rounded to bf16 under `rht_dtype="bfloat16"`),
+and the SR stream `uniform_grid(seed, c, t)`: one Philox call per 4 tokens, output t % 4): global scale per tensor
+(a scalar amax) or per 16-token block (`col_amax` [T/16], the MoE's per-expert scales); SR seeds either one seed
+or, per token, (seed, expert-local token index) arrays (`seg_seed`). No K loop: a tile holds whole blocks.
 """
 from __future__ import annotations
 
@@ -22,51 +29,115 @@ import triton.language as tl
 from minite_core.formats import nvfp4 as ref
 from minite_core.formats.rht import RHT_DTYPES
 from minite_core.kernels.quantize import (
-    ONE_SIXTH_FP32,
     _e2m1_mag,
     _e2m1_rne,
-    _e4m3_rne,
     _global_scales,
     _sr_magnitude,
     _sr_origin,
     _to_uniform,
+    block_scales,
 )
 
-BLOCK_T_DEFAULT, BLOCK_C_DEFAULT = 64, 64
+# Tiles (BLOCK_T, BLOCK_C, num_warps), H200 sweep of `bench kernels` (16384x4096 bf16, one run, medians; the copy of
+# the same tensor 0.077 ms): the block-amax pass (64, 64, 4) 0.068 ms (0.083-0.10 elsewhere); codes only (minite's
+# saved xᵀ) (64, 128, 8) 0.257 ms (0.26-0.42 elsewhere); SR + the bf16 copy (dyᵀ) (32, 64, 4) 0.474 ms, with TE's
+# RHT 0.539 ms (0.55-0.90 elsewhere: the Philox draws and the dq words want more programs, fewer registers each).
+AMAX_TILE, CODES_TILE, SR_DQ_TILE = (64, 64, 4), (64, 128, 8), (32, 64, 4)
 
 
 @triton.jit
-def _rht_rows_stage(v, G: tl.constexpr, N: tl.constexpr, H: tl.constexpr, BC: tl.constexpr):
-    """One butterfly stage along axis 1 of v [G, 16, BC]: pairs (i, i + H) inside blocks of 2H -> (a + b, a - b)."""
-    v5 = tl.reshape(v, [G, N, 2, H, BC])
-    sel = tl.arange(0, 2)[None, None, :, None, None]
-    a = tl.sum(tl.where(sel == 0, v5, 0.0), axis=2)  # one nonzero term: exact
-    b = tl.sum(tl.where(sel == 1, v5, 0.0), axis=2)
-    v5 = tl.where(sel == 0, (a + b)[:, :, None, :, :], (a - b)[:, :, None, :, :])
-    return tl.reshape(v5, [G, 16, BC])
-
-
-@triton.jit
-def _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_C: tl.constexpr):
-    """x tile [BT, BC] (fp32), RHT'd along T in 16-token chunks when RHT (the reference's butterfly order), the
-    result rounded to bf16 (RNE) when RHT_BF16 (formats.rht `dtype`)."""
+def _row(x_ptr, g, c, T, C, stride_t, stride_c, J: tl.constexpr, NEG: tl.constexpr):
+    """Token g * 16 + J of every 16-token block g (G,) and channel c (BC,): fp32 (G, BC), sign-flipped by the
+    RHT's s[J] when NEG (exact)."""
+    t = g * 16 + J
     mask = (t[:, None] < T) & (c[None, :] < C)
     x = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_t + c[None, :].to(tl.int64) * stride_c, mask=mask,
                 other=0.0).to(tl.float32)
+    return -x if NEG else x
+
+
+@triton.jit
+def _bfly(a, b):
+    return a + b, a - b
+
+
+@triton.jit
+def _fin(v, RHT: tl.constexpr, RHT_BF16: tl.constexpr):
+    """The butterfly's x1/4 (exact), then the optional bf16 rounding (formats.rht `dtype`)."""
     if RHT:
-        G: tl.constexpr = BLOCK_T // 16
-        j = tl.arange(0, BLOCK_T) % 16
-        neg = (j == 3) | (j == 5) | (j == 6) | (j == 7) | (j == 8) | (j == 9) | (j == 10) | (j == 12) | (j == 14) | (j == 15)
-        v = tl.reshape(tl.where(neg[:, None], -x, x), [G, 16, BLOCK_C])
-        v = _rht_rows_stage(v, G, 8, 1, BLOCK_C)
-        v = _rht_rows_stage(v, G, 4, 2, BLOCK_C)
-        v = _rht_rows_stage(v, G, 2, 4, BLOCK_C)
-        v = _rht_rows_stage(v, G, 1, 8, BLOCK_C)
-        x = tl.reshape(v * 0.25, [BLOCK_T, BLOCK_C])
+        v = v * 0.25
         if RHT_BF16:
-            x = x.to(tl.bfloat16).to(tl.float32)
-    return x
+            v = v.to(tl.bfloat16).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: tl.constexpr):
+    """The 16 tokens of every block g as 16 (G, BC) tensors, RHT'd along the tokens when RHT: sign flip by
+    s = [1,1,1,-1,1,-1,-1,-1,-1,-1,-1,1,-1,1,-1,-1], then the stages h = 1, 2, 4, 8 of (a + b, a - b) on pairs
+    (i, i + h) — formats.rht's butterfly, term for term — then x1/4. Every add pairs values one thread holds."""
+    x0 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 0, False)
+    x1 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 1, False)
+    x2 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 2, False)
+    x3 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 3, RHT)
+    x4 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 4, False)
+    x5 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 5, RHT)
+    x6 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 6, RHT)
+    x7 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 7, RHT)
+    x8 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 8, RHT)
+    x9 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 9, RHT)
+    x10 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 10, RHT)
+    x11 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 11, False)
+    x12 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 12, RHT)
+    x13 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 13, False)
+    x14 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 14, RHT)
+    x15 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 15, RHT)
+    if RHT:
+        x0, x1 = _bfly(x0, x1)
+        x2, x3 = _bfly(x2, x3)
+        x4, x5 = _bfly(x4, x5)
+        x6, x7 = _bfly(x6, x7)
+        x8, x9 = _bfly(x8, x9)
+        x10, x11 = _bfly(x10, x11)
+        x12, x13 = _bfly(x12, x13)
+        x14, x15 = _bfly(x14, x15)
+        x0, x2 = _bfly(x0, x2)
+        x1, x3 = _bfly(x1, x3)
+        x4, x6 = _bfly(x4, x6)
+        x5, x7 = _bfly(x5, x7)
+        x8, x10 = _bfly(x8, x10)
+        x9, x11 = _bfly(x9, x11)
+        x12, x14 = _bfly(x12, x14)
+        x13, x15 = _bfly(x13, x15)
+        x0, x4 = _bfly(x0, x4)
+        x1, x5 = _bfly(x1, x5)
+        x2, x6 = _bfly(x2, x6)
+        x3, x7 = _bfly(x3, x7)
+        x8, x12 = _bfly(x8, x12)
+        x9, x13 = _bfly(x9, x13)
+        x10, x14 = _bfly(x10, x14)
+        x11, x15 = _bfly(x11, x15)
+        x0, x8 = _bfly(x0, x8)
+        x1, x9 = _bfly(x1, x9)
+        x2, x10 = _bfly(x2, x10)
+        x3, x11 = _bfly(x3, x11)
+        x4, x12 = _bfly(x4, x12)
+        x5, x13 = _bfly(x5, x13)
+        x6, x14 = _bfly(x6, x14)
+        x7, x15 = _bfly(x7, x15)
+    return (_fin(x0, RHT, RHT_BF16), _fin(x1, RHT, RHT_BF16), _fin(x2, RHT, RHT_BF16), _fin(x3, RHT, RHT_BF16),
+            _fin(x4, RHT, RHT_BF16), _fin(x5, RHT, RHT_BF16), _fin(x6, RHT, RHT_BF16), _fin(x7, RHT, RHT_BF16),
+            _fin(x8, RHT, RHT_BF16), _fin(x9, RHT, RHT_BF16), _fin(x10, RHT, RHT_BF16), _fin(x11, RHT, RHT_BF16),
+            _fin(x12, RHT, RHT_BF16), _fin(x13, RHT, RHT_BF16), _fin(x14, RHT, RHT_BF16), _fin(x15, RHT, RHT_BF16))
+
+
+@triton.jit
+def _amax16(xs):
+    """max over the 16 tokens of |x| (G, BC)."""
+    m = tl.abs(xs[0])
+    for j in tl.static_range(1, 16):
+        m = tl.maximum(m, tl.abs(xs[j]))
+    return m
 
 
 @triton.jit
@@ -75,12 +146,31 @@ def _col_block_amax_kernel(x_ptr, out_ptr, T, C, stride_t, stride_c, RHT: tl.con
     """out[pid_c, j] = amax over the program's channels of |x| (after RHT) in 16-token block j."""
     G: tl.constexpr = BLOCK_T // 16
     pid_t, pid_c = tl.program_id(0), tl.program_id(1)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    g = pid_t * G + tl.arange(0, G)  # global 16-token block index
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    x = _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT, RHT_BF16, BLOCK_T, BLOCK_C)
-    bamax = tl.max(tl.max(tl.reshape(tl.abs(x), [G, 16, BLOCK_C]), axis=1), axis=1)  # (G,)
-    blk = pid_t * G + tl.arange(0, G)
-    tl.store(out_ptr + pid_c.to(tl.int64) * (T // 16) + blk, bamax, mask=blk < T // 16)
+    xs = _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT, RHT_BF16)
+    bamax = tl.max(_amax16(xs), axis=1)  # (G,)
+    tl.store(out_ptr + pid_c.to(tl.int64) * (T // 16) + g, bamax, mask=g < T // 16)
+
+
+@triton.jit
+def _code(x, enc, u, SR: tl.constexpr):
+    """E2M1 code (sign in bit 3) and signed value of x * enc; u: the SR uniforms (unused without SR)."""
+    v = x * enc
+    a = tl.abs(v)
+    if SR:
+        mag = _sr_magnitude(a, u)
+        val = _e2m1_mag(mag)
+    else:
+        mag, val = _e2m1_rne(a)
+    neg = v < 0.0
+    return mag | (neg.to(tl.int32) << 3), tl.where(neg, -val, val)
+
+
+@triton.jit
+def _bf16_bits(v):
+    """bf16 bit pattern of fp32 v (RNE; exact for e2m1 * e4m3 values) as int64 in [0, 2^16)."""
+    return v.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
 
 
 @triton.jit
@@ -90,63 +180,53 @@ def _quantize_cols_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PER_BLOCK: tl.constexpr, FAST: tl.constexpr,
     SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, RHT_BF16: tl.constexpr, EMIT_DQ: tl.constexpr,
 ):
-    # tile: tokens t (the reduction dim of xᵀ) x channels c (its rows); G = 16-token blocks in the tile
+    # tile: G = BLOCK_T / 16 token blocks x BLOCK_C channels; each of the 16 tokens of a block is one (G, BC)
+    # tensor, so the block amax, the codes of a block and their packing are elementwise across the 16 tensors
+    # (no reshape, transpose or split: nothing crosses threads). Outputs are rows of xᵀ [C, T].
     G: tl.constexpr = BLOCK_T // 16
     pid_t, pid_c = tl.program_id(0), tl.program_id(1)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    g = pid_t * G + tl.arange(0, G)  # global 16-token block index (G,)
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    x = _load_rht(x_ptr, t, c, T, C, stride_t, stride_c, RHT, RHT_BF16, BLOCK_T, BLOCK_C)  # (BT, BC)
-    x3 = tl.reshape(x, [G, 16, BLOCK_C])
-    bamax = tl.max(tl.abs(x3), axis=1)  # (G, BC)
-    blk = pid_t * G + tl.arange(0, G)
+    xs = _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT, RHT_BF16)
+    bamax = _amax16(xs)  # (G, BC)
+    gmask = g < T // 16
     if PER_BLOCK:
-        amax = tl.load(amax_ptr + blk, mask=blk < T // 16, other=0.0)  # (G,)
+        amax = tl.load(amax_ptr + g, mask=gmask, other=0.0)  # (G,)
     else:
         amax = tl.zeros([G], dtype=tl.float32) + tl.load(amax_ptr)
     s_enc, s_dec = _global_scales(amax)
     se = tl.broadcast_to(s_enc[:, None], [G, BLOCK_C])
     sd = tl.broadcast_to(s_dec[:, None], [G, BLOCK_C])
-    if FAST:
-        sf_hp = tl.minimum(se * (bamax * ONE_SIXTH_FP32), 448.0)
-    else:
-        sf_hp = tl.minimum(bamax * (se * ONE_SIXTH_FP32), 448.0)
-    sf, sf_byte = _e4m3_rne(sf_hp)  # (G, BC)
-    denom = sf * sd
-    enc_raw = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
-    if FAST:
-        enc = tl.where(sf == 0.0, 0.0, enc_raw)
-    else:
-        enc = tl.minimum(enc_raw, 3.4028234663852886e38)
-    v = tl.reshape(x3 * enc[:, None, :], [BLOCK_T, BLOCK_C])
-    a = tl.abs(v)
-    if SR:  # element (row c, col t) of xᵀ: output t % 4 of Philox at counter (c << 32) + t_local // 4
-        t4 = pid_t * BLOCK_T + tl.arange(0, BLOCK_T // 4) * 4  # first token of each group of 4
-        if SEG_SEED:
-            tm = t4 < T
-            s4 = tl.load(seed_ptr + t4, mask=tm, other=0)[:, None]
-            l4 = tl.load(index_ptr + t4, mask=tm, other=0).to(tl.int64)[:, None] >> 2
+    sf, sf_byte, enc = block_scales(bamax, se, sd, FAST)  # (G, BC)
+
+    c64 = c.to(tl.int64)[None, :]
+    mask = gmask[:, None] & (c[None, :] < C)
+    words = tl.zeros([G, BLOCK_C], dtype=tl.int64)  # the 16 codes of a block: 8 bytes, token 0 in the low nibble
+    for m in tl.static_range(4):  # tokens 4m .. 4m+3 of each block: one Philox call (SR), one dq word
+        if SR:  # element (row c, col t) of xᵀ: output t % 4 of Philox at counter (c << 32) + t // 4
+            t4 = g * 16 + 4 * m  # (G,)
+            if SEG_SEED:
+                s4 = tl.load(seed_ptr + t4, mask=gmask, other=0)[:, None]
+                l4 = tl.load(index_ptr + t4, mask=gmask, other=0).to(tl.int64)[:, None] >> 2
+            else:
+                s4 = seed
+                l4 = ((t4.to(tl.int64) + col0) >> 2)[:, None]  # (row0, col0) = sr_origin in xᵀ's coordinates
+            r0, r1, r2, r3 = tl.randint4x(s4, ((c.to(tl.int64) + row0)[None, :] << 32) + l4)  # (G, BC) each
+            u0, u1, u2, u3 = _to_uniform(r0), _to_uniform(r1), _to_uniform(r2), _to_uniform(r3)
         else:
-            s4 = seed
-            l4 = ((t4.to(tl.int64) + col0) >> 2)[:, None]  # (row0, col0) = sr_origin in xᵀ's coordinates
-        r0, r1, r2, r3 = tl.randint4x(s4, ((c.to(tl.int64) + row0)[None, :] << 32) + l4)  # (BT/4, BC) each
-        u = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (BT/4, BC, 2, 2): [..., p, q] = output 2p + q
-        u = _to_uniform(tl.reshape(tl.permute(u, (0, 2, 3, 1)), [BLOCK_T, BLOCK_C]))
-        mag = _sr_magnitude(a, u)
-        val = _e2m1_mag(mag)
-    else:
-        mag, val = _e2m1_rne(a)
-    code = tl.trans(mag | ((v < 0.0).to(tl.int32) << 3))  # (BC, BT): rows of xᵀ
-    lo, hi = tl.split(tl.reshape(code, [BLOCK_C, BLOCK_T // 2, 2]))
-    c64 = c.to(tl.int64)[:, None]
-    half = pid_t * (BLOCK_T // 2) + tl.arange(0, BLOCK_T // 2)
-    cmask = c[:, None] < C
-    tl.store(data_ptr + c64 * (T // 2) + half[None, :], (lo | (hi << 4)).to(tl.uint8), mask=cmask & (half[None, :] < T // 2))
-    tl.store(scale_ptr + c64 * (T // 16) + blk[None, :], tl.trans(sf_byte).to(tl.uint8),
-             mask=cmask & (blk[None, :] < T // 16))
-    if EMIT_DQ:  # e2m1(q) * sf, exact in bf16
-        val = tl.where(v < 0.0, -val, val)
-        dq = tl.reshape(tl.reshape(val, [G, 16, BLOCK_C]) * sf[:, None, :], [BLOCK_T, BLOCK_C])
-        tl.store(dq_ptr + c64 * T + t[None, :], tl.trans(dq).to(tl.bfloat16), mask=cmask & (t[None, :] < T))
+            u0, u1, u2, u3 = enc, enc, enc, enc  # unused
+        k0, v0 = _code(xs[4 * m], enc, u0, SR)
+        k1, v1 = _code(xs[4 * m + 1], enc, u1, SR)
+        k2, v2 = _code(xs[4 * m + 2], enc, u2, SR)
+        k3, v3 = _code(xs[4 * m + 3], enc, u3, SR)
+        half = (k0 | (k1 << 4) | (k2 << 8) | (k3 << 12)).to(tl.int64)  # tokens 4m..4m+3: bytes 2m, 2m+1
+        words = words | (half << (16 * m))
+        if EMIT_DQ:  # e2m1(q) * sf, exact in bf16: 4 tokens = one 8-byte word of xᵀ's bf16 row
+            dq = (_bf16_bits(v0 * sf) | (_bf16_bits(v1 * sf) << 16) | (_bf16_bits(v2 * sf) << 32)
+                  | (_bf16_bits(v3 * sf) << 48))
+            tl.store(dq_ptr.to(tl.pointer_type(tl.int64)) + c64 * (T // 4) + (g * 4 + m)[:, None], dq, mask=mask)
+    tl.store(data_ptr.to(tl.pointer_type(tl.int64)) + c64 * (T // 16) + g[:, None], words, mask=mask)
+    tl.store(scale_ptr + c64 * (T // 16) + g[:, None], sf_byte.to(tl.uint8), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -156,23 +236,23 @@ def _rht_bf16(rht_dtype: str) -> bool:
     return rht_dtype == "bfloat16"
 
 
-def col_block_amax(x: torch.Tensor, *, rht: bool = False, rht_dtype: str = "float32", block_t: int = BLOCK_T_DEFAULT,
-                   block_c: int = BLOCK_C_DEFAULT) -> torch.Tensor:
+def col_block_amax(x: torch.Tensor, *, rht: bool = False, rht_dtype: str = "float32", block_t: int = AMAX_TILE[0],
+                   block_c: int = AMAX_TILE[1], num_warps: int = AMAX_TILE[2]) -> torch.Tensor:
     """amax of |x| (after RHT along T, rounded to `rht_dtype`) per 16-token block over all channels: fp32 [T/16].
     x: [T, C]."""
     t_len, c_len = x.shape
     grid = (triton.cdiv(t_len, block_t), triton.cdiv(c_len, block_c))
     out = torch.empty(grid[1], t_len // 16, dtype=torch.float32, device=x.device)
     _col_block_amax_kernel[grid](x, out, t_len, c_len, x.stride(0), x.stride(1), RHT=rht,
-                                 RHT_BF16=_rht_bf16(rht_dtype), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4)
+                                 RHT_BF16=_rht_bf16(rht_dtype), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps)
     return out.amax(0)
 
 
 def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor | None = None, math: str = "exact",
                          rounding: str = "rne", seed: int | None = None, seg_seed=None, rht: bool = False,
-                         rht_dtype: str = "float32", emit_dq: bool = False, block_t: int = BLOCK_T_DEFAULT,
-                         block_c: int = BLOCK_C_DEFAULT, four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0),
-                         check: bool = True):
+                         rht_dtype: str = "float32", emit_dq: bool = False, block_t: int | None = None,
+                         block_c: int | None = None, four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0),
+                         check: bool = True, num_warps: int | None = None):
     """x [T, C] -> (NVFP4Tensor of xᵀ [C, T] with 1×16 blocks along T, bf16 e2m1(q)·sf [C, T] or None).
     Global scale: `col_amax` [T/16] per 16-token block (returned global_scale is then empty: the caller owns
     the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`).
@@ -195,16 +275,20 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
         amax_t, sdec = col_amax.to(dev, torch.float32).contiguous(), torch.empty(0, dtype=torch.float32, device=dev)
     else:
         if amax is None:
-            amax_t = col_block_amax(x, rht=rht, rht_dtype=rht_dtype, block_t=block_t, block_c=block_c).amax()
+            amax_t = col_block_amax(x, rht=rht, rht_dtype=rht_dtype).amax()
         else:
             amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax, check).to(dev, torch.float32).contiguous()
         sdec = torch.full((), 1.0, device=dev) / ref.global_encode_scale(amax_t)
     seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
+    tile = SR_DQ_TILE if (emit_dq or rounding == "sr") else CODES_TILE
+    block_t, block_c, num_warps = (v if v is not None else d for v, d in zip((block_t, block_c, num_warps), tile))
+    if block_t % 16:
+        raise ValueError(f"block_t must be a multiple of 16 (whole 16-token blocks), got {block_t}")
     grid = (triton.cdiv(t_len, block_t), triton.cdiv(c_len, block_c))
     _quantize_cols_kernel[grid](
         x, data, scale.view(torch.uint8), dq, amax_t, seeds, index, t_len, c_len, x.stride(0), x.stride(1),
         0 if seed is None else int(seed), row0, col0, BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None,
         FAST=math == "fast", SR=rounding == "sr", SEG_SEED=seg_seed is not None, RHT=rht, RHT_BF16=_rht_bf16(rht_dtype),
-        EMIT_DQ=emit_dq, num_warps=4)
+        EMIT_DQ=emit_dq, num_warps=num_warps)
     gs = sdec if col_amax is not None else sdec.reshape(())
     return ref.NVFP4Tensor(data=data, scale=scale, global_scale=gs), (dq if emit_dq else None)
