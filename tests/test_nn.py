@@ -237,3 +237,50 @@ def test_expert_weights_quantized_once_per_weight_version(monkeypatch):
         first = len(calls)
         model(ids)
     assert first > 0 and len(calls) == first  # the second forward reuses every quantized weight, experts included
+
+
+@pytest.mark.parametrize("name", ["minite", "te-nvfp4"])
+def test_fused_group_quantizes_its_input_once(name, monkeypatch):
+    """q/k/v (and gate/up) quantize their shared input once (nn.linear._InputQuant): the forward operand and the
+    saved xᵀ are reused by every member, and the loss and every gradient equal the per-member quantization's."""
+    import importlib
+
+    from minite_core.kernels import dispatch
+
+    linear_mod = importlib.import_module("minite_core.nn.linear")  # the package exports the function `linear`
+
+    cfg = PRESETS["tiny-moe"].replace(num_hidden_layers=2)
+    ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    counts = {}
+
+    def step(share: bool):
+        torch.manual_seed(0)
+        model = set_profile(CausalLM(cfg).init_weights(seed=3), name)
+        calls = {"quantize_dq": 0, "quantize_cols": 0}
+        for fn in calls:
+            orig = getattr(dispatch, fn)
+
+            def counted(*a, _orig=orig, _fn=fn, **kw):
+                calls[_fn] += 1
+                return _orig(*a, **kw)
+            monkeypatch.setattr(dispatch, fn, counted)
+        if not share:
+            monkeypatch.setattr(linear_mod, "_input_quant", lambda group: None)
+        loss = model(ids).logsumexp(-1).mean()
+        loss.backward()
+        monkeypatch.undo()
+        counts[share] = calls
+        groups = {id(m.fused_group): m.fused_group for m in model.modules() if getattr(m, "fused_group", ())}
+        counts["saved"] = sum(len(g) - 1 for g in groups.values())  # quantizations a group saves
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    loss_sut, grads_sut = step(True)
+    loss_ref, grads_ref = step(False)
+    assert torch.equal(loss_sut, loss_ref)
+    assert grads_sut.keys() == grads_ref.keys()
+    for n in grads_ref:
+        assert torch.equal(grads_sut[n], grads_ref[n]), n
+    # q/k/v share one forward quantization and one saved xᵀ (2 fewer of each per layer), a dense MLP's gate/up 1
+    assert counts["saved"] >= 2 * cfg.num_hidden_layers
+    assert counts[False]["quantize_dq"] - counts[True]["quantize_dq"] == counts["saved"]
+    assert counts[False]["quantize_cols"] - counts[True]["quantize_cols"] == counts["saved"]

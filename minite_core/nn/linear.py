@@ -19,12 +19,18 @@ uses for dgrad), so the bf16 profile *is* plain torch. Router and LM-head GEMMs 
 in the profile's router / LM-head dtype. Stochastic rounding draws the counter-based Philox stream of
 `module.seed` (set per step by the learner): dgrad and wgrad operands from `seeds.dgrad_seed` / `seeds.wgrad_seed`.
 
+A fused group (q/k/v, gate/up: `QuantLinear.fused_group`) reads one input: its members quantize that input once
+(`_InputQuant`) — the forward operand and the saved xᵀ are the same bits for every member, as in vLLM's
+QKVParallelLinear and Megatron-TE's fused linears, where they are one GEMM. On the H200's decode step that is 8 of
+minite's 24 activation-quantizer launches (4 layers); in the learner, 2 of 3 along-token passes and saved xᵀ.
+
 GEMMs go through `minite_core.kernels.dispatch` when a GPU backend is selected; the plain torch reference here
 (dequantize → fp32 matmul) is what CPU runs and what the kernels are tested against.
 """
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -195,12 +201,46 @@ def _e4m3_bound(spec: Quant) -> float:
     return 256.0 if spec.four_over_six != "off" else 448.0  # the E4M3 global bound 4over6 quantizes with (TE's)
 
 
+class _InputQuant:
+    """The input quantizations a fused group shares (module docstring): a result is reused while the same input
+    tensor (the base of the members' views, same data pointer, shape, strides and version) is alive; its entry
+    is dropped when that tensor is freed, so nothing outlives the forward and a recycled address never hits."""
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def __deepcopy__(self, memo):  # a model copy (peers.te_learner, rl.distributed) shares no live input
+        return _InputQuant()
+
+    def get(self, x: torch.Tensor, tag, make):
+        base = x if x._base is None else x._base
+        sig = (x.data_ptr(), tuple(x.shape), x.stride(), x._version, x.dtype)
+        hit = self.entries.get(tag)
+        if hit is not None and hit[0]() is base and hit[1] == sig:
+            return hit[2]
+        value = make()
+        entries = self.entries
+        entries[tag] = (weakref.ref(base, lambda _, tag=tag: entries.pop(tag, None)), sig, value)
+        return value
+
+
+def _input_quant(group) -> _InputQuant | None:
+    """The shared input quantizations of a fused group (kept on its first member), or None outside a group."""
+    if not group:
+        return None
+    return group[0].__dict__.setdefault("_input_quant", _InputQuant())
+
+
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused, wgrad: bool):
+    def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused, wgrad: bool,
+                shared: _InputQuant | None):
         # x: (M, K) compute dtype; weight: (N, K) master dtype; wgrad: a backward will want dW (grad mode was on
-        # at the call and the weight requires grad — ctx.needs_input_grad ignores grad mode)
+        # at the call and the weight requires grad — ctx.needs_input_grad ignores grad mode); shared: the fused
+        # group's input quantizations (None: quantize here)
         shard = current_shard()  # a data-parallel rank's token slice (nn.shard), or None
+        if shared is None or shard is not None:  # a shard's amaxes are all-reduced per call: not shared
+            shared = _InputQuant()  # private: every lookup misses
         if shard is not None and profile.grad is not None and profile.wgrad_input_scale_mode != "tensor":
             raise NotImplementedError(f"profile {profile.name!r}: wgrad_input_scale_mode="
                                       f"{profile.wgrad_input_scale_mode!r} on a token shard (a per-channel amax "
@@ -234,21 +274,26 @@ class _NVFP4Linear(torch.autograd.Function):
                 y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
                                   x.dtype)
             else:
-                y = gemm_nt(_q(x.detach(), profile.activation, amax=amax, dq=True), w_q, x.dtype,
-                            profile.batch_invariant)
+                x_op = shared.get(x, ("dq", profile.activation, id(amax)),
+                                  lambda: _q(x.detach(), profile.activation, amax=amax, dq=True))
+                y = gemm_nt(x_op, w_q, x.dtype, profile.batch_invariant)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         ctx.shard = shard
         saved = ()
         if profile.grad is not None and wgrad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
             spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
-            x_p = _pad_tokens(x.detach())
             rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
-            x_t_q, _ = dispatch.quantize_cols(x_p, spec, amax=_shard_amax(x_p.t(), shard, **rht),
-                                              scale_mode=profile.wgrad_input_scale_mode, **rht)  # xᵀ (K, M')
+
+            def quantize_xt():
+                x_p = _pad_tokens(x.detach())
+                return dispatch.quantize_cols(x_p, spec, amax=_shard_amax(x_p.t(), shard, **rht),
+                                              scale_mode=profile.wgrad_input_scale_mode, **rht)[0]  # xᵀ (K, M')
+
+            x_t_q = shared.get(x, ("xt", spec, profile.wgrad_input_scale_mode, *rht.values()), quantize_xt)
             saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
             if te_ref:  # the amax of xᵀ for the wgrad epilogue
-                saved += (_te_amax(x_p.t(), profile.wgrad_input_scale_mode, **rht),)
+                saved += (_te_amax(_pad_tokens(x.detach()).t(), profile.wgrad_input_scale_mode, **rht),)
         ctx.save_for_backward(weight, *saved)
         return y.to(x.dtype)
 
@@ -285,15 +330,16 @@ class _NVFP4Linear(torch.autograd.Function):
             else:
                 x_t_op = dispatch.DqOperand(dispatch.dequantize_bf16(x_t), x_t.global_scale)
                 dw = gemm_nt(dy_t_q, x_t_op, weight.dtype)
-        return dx, dw, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str = "linear",
            input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None, key=None,
-           fused=None) -> torch.Tensor:
+           fused=None, shared: _InputQuant | None = None) -> torch.Tensor:
     """y = x Wᵀ under `profile`. x: (..., K); weight: (N, K). Returns (..., N) in the compute dtype
     (router / LM head: in the profile's router / LM-head dtype). `cache` (a dict owned by the module) keeps the
-    quantized weight between calls, `key` names the weight in it; `fused` = `fused_weight_amax(group)`."""
+    quantized weight between calls, `key` names the weight in it; `fused` = `fused_weight_amax(group)`;
+    `shared` = the fused group's input quantizations (`_input_quant(group)`)."""
     if role in ("router", "lm_head"):
         dtype = torch_dtype(profile.router_dtype if role == "router" else profile.lm_head_dtype)
         return _plain_linear(x, weight, dtype, cache, profile.batch_invariant)
@@ -306,7 +352,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
     lead = x.shape[:-1]
     wgrad = torch.is_grad_enabled() and weight.requires_grad  # no-grad calls (decode, eval) quantize no xᵀ
     y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused,
-                           wgrad)
+                           wgrad, shared)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -333,7 +379,7 @@ class QuantLinear(nn.Module):
         if self.fused_group and self.profile.weight is not None and self.profile.fused_weight_scale:
             fused = fused_weight_amax(self.fused_group)
         return linear(x, self.weight, self.profile, role=self.role, input_amax=self.input_amax, seed=self.seed,
-                      cache=self.weight_cache, key="w", fused=fused)
+                      cache=self.weight_cache, key="w", fused=fused, shared=_input_quant(self.fused_group))
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, role={self.role}, profile={self.profile.name}"
