@@ -9,7 +9,8 @@ which is what stays alive), EXCLUDING
   (3) the modules' weight caches (`module.weight_cache`: the bf16 cast or the quantized operand of a weight,
       made once per optimizer step — weights, not activations).
 Everything else counts. Reported as the total and the decoder-layer part, with per-dtype and per-producer
-breakdowns (uint8/float8 = packed NVFP4 codes and scales).
+breakdowns (uint8/float8 = packed NVFP4 codes and scales; `_RecomputeBackward` = the output of a region that
+backward recomputes, `nn.recompute` — a norm's or SwiGLU's output, kept by the GEMM it feeds).
 """
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   no key is allowed its own slot, so pad positions give finite (ignored) logits instead of NaN. With a KVCache
   (static buffers, model/kv_cache.py) every forward — prefill and decode — attends over all S slots of the
   cache under its slot mask: one cached-attention path for the reference and the fast (CUDA-graph) sampler.
+- In grad mode the RMSNorms and SwiGLU save only their inputs for backward and run their elementwise ops again
+  there (`nn.recompute`): the same bits as autograd's plain graph, a fraction of its saved bytes.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.nn.linear import cast_weight, torch_dtype
 from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
+from minite_core.nn.recompute import recompute
 from minite_core.profiles import PROFILES, Profile, get_profile
 
 
@@ -54,7 +57,10 @@ class RMSNorm(nn.Module):
         if self.batch_invariant and dispatch.fast_path(x):
             return dispatch.rms_norm(x, self.weight, self.eps, residual, reference=self.reference)
         if torch.is_grad_enabled() and self.weight.requires_grad:
-            return self.reference(x, self.weight, residual)
+            # saves x (and residual), not the fp32 upcast / normalised copies: the ops run again in backward
+            if residual is None:
+                return recompute(lambda x_, w_: self.reference(x_, w_, None), x, self.weight)
+            return recompute(self.reference, x, self.weight, residual)
         # no gradient (decode, eval): the weight cast once per version (the same bits as .to()), and on the GPU
         # everything after torch's mean in one launch (dispatch.rms_norm_tail)
         weight = cast_weight(self.weight, x.dtype, self.weight_cache)
@@ -148,8 +154,18 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """(..., 2I) gate|up GEMM output, gate first -> (..., I) silu(gate) * up."""
+    return silu_mul(*gate_up.chunk(2, dim=-1))
+
+
 class DenseMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)) (Qwen3MLP / Qwen3MoeMLP)."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) (Qwen3MLP / Qwen3MoeMLP); silu(gate) * up recomputed in backward
+    (only the two GEMM outputs are saved for it)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -159,11 +175,12 @@ class DenseMLP(nn.Module):
         self.gate_proj.fused_group = self.up_proj.fused_group = (self.gate_proj, self.up_proj)  # fused gate|up
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(recompute(silu_mul, self.gate_proj(x), self.up_proj(x)))
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`)."""
+    """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`); silu(gate) * up
+    recomputed in backward (only the gate|up GEMM output is saved for it)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -172,8 +189,8 @@ class Experts(nn.Module):
 
     def forward(self, x_pad: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
-        gate, up = self.gate_up(x_pad, layout).chunk(2, dim=-1)  # (Tp, I) each
-        return self.down(F.silu(gate) * up, layout)
+        h = recompute(swiglu, self.gate_up(x_pad, layout))  # (Tp, 2I) -> (Tp, I)
+        return self.down(h, layout)
 
 
 class SparseMoE(nn.Module):
