@@ -228,7 +228,9 @@ def _swap_round_trip(device, fused):
     assert parked is not exp_avg and parked.device.type == "cpu" and parked.is_pinned() == (device != "cpu")
     _assert_same_state(ref_a, a)
     swap.activate(b), swap.activate(a), swap.activate(b)
-    _assert_same_state(ref_a, a), _assert_same_state(ref_b, b)  # bitwise after the round trips, home devices
+    _assert_same_state(ref_b, b)  # bitwise after the round trips, on its home devices while active
+    swap.activate(a)  # (a was parked: on a GPU its state sat in CPU memory until now)
+    _assert_same_state(ref_a, a)
 
     ref = _two_optimizers(device, fused)  # stepping after round trips == stepping without them
     _step(ref[0], 1), _step(ref[1], 2)
