@@ -178,3 +178,26 @@ def test_gpu_fast_step_matches_reference(profile, backend):
         _check_step(model, ids, profile, backend, TOL["loss_rel_gpu"], grad_tol=TOL["grad_rel_bf16_gpu"])
     else:
         _check_step(model, ids, profile, backend, TOL["loss_rel_gpu"], cos_min=TOL["grad_cos_gpu"])
+
+
+@triton_ok
+@pytest.mark.parametrize("math", ["exact", "fast"])
+def test_expert_weight_t_in_place_equals_the_transposed_copy(math, backend):
+    """Wᵀ quantized along N by the along-token quantizer on W in place (nn.experts._expert_weight_t, the strided
+    (E, K, N) view) is the transposing path's operand bit for bit: values, per-expert S_dec, and the shared amax."""
+    from minite_core.nn import experts
+
+    backend("triton")
+    g = torch.Generator().manual_seed(4)
+    E, N, K = 3, 48, 32
+    w = torch.randn(E, N, K, generator=g) * torch.tensor([0.02, 1.0, 300.0])[:, None, None]
+    w[1, :16] = 0.0  # an all-zero block row
+    w = w.to("cuda" if CUDA else "cpu")
+    spec = get_profile("minite").weight
+    spec = spec.__class__(**{**spec.__dict__, "math": math})
+    assert torch.equal(experts._expert_amax(w, None), w.abs().amax(dim=(1, 2)))
+    sut = experts._expert_weight(w, spec, None, "t")
+    ref = experts.expert_weight_t_reference(w, spec)
+    assert sut.values_bf16.shape == ref.values_bf16.shape == (E, K, N)
+    assert torch.equal(sut.values_bf16.contiguous().cpu(), ref.values_bf16.cpu())
+    assert torch.equal(sut.global_scale.cpu(), ref.global_scale.cpu())
