@@ -128,6 +128,11 @@ class Profile:
     # (plain torch, CPU) those GEMMs and attention sum in fp64 and round once (CPU BLAS / SDPA block by shape; in
     # fp64 the order could only show at a rounding tie). The backward is not batch-invariant (not needed).
     batch_invariant: bool = False
+    # Not a numeric knob: in a learner's forward, RMSNorm and SwiGLU save only their inputs and run their
+    # elementwise ops again in backward (nn.recompute; outputs and gradients bitwise the plain graph's). On for the
+    # NVFP4 learners, whose recipe keeps packed GEMM inputs and recomputes the cheap ops (issue 16, item 4); off for
+    # bf16, as BF16 users run it (the recomputation cost the H200's bf16 step 5%: 247 -> 260 ms at 6 layers).
+    recompute_elementwise: bool = False
 
     def __post_init__(self):
         _check("router_dtype", self.router_dtype, DTYPES)
@@ -242,6 +247,7 @@ PROFILES: dict[str, Profile] = {
             grad=_TE_GRAD,
             wgrad_rht=True,
             wgrad_rht_dtype="bfloat16",  # TE rotates bf16 activations / gradients in bf16
+            recompute_elementwise=True,  # as minite: the recipe comparison keeps every non-recipe choice equal
         ),
         Profile(
             name="vllm-nvfp4",
@@ -262,6 +268,7 @@ PROFILES: dict[str, Profile] = {
             router_dtype="float32",
             lm_head_dtype="float32",
             fused_weight_scale=True,  # same weight codes as the sampler's fused q/k/v and gate/up
+            recompute_elementwise=True,  # packed GEMM inputs + recomputed norms / SwiGLU (saved activations)
         ),
     )
 }

@@ -19,8 +19,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from minite_core.bench.timing import bench
 from minite_core.results import env_info
@@ -282,39 +280,6 @@ def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10,
         del x, w, wt, W, A, dy
 
 
-@triton.jit
-def _stream_w4_kernel(x_ptr, wq_ptr, ws_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    """TIMING ONLY, wrong values: the packed decode GEMM (kernels/decode.py, same tiles) with its dequantization
-    left out — the same code and scale bytes loaded, each code byte used as one bf16 weight in two dots of BLOCK_K/2
-    (the same tensor-core work), the scales summed in. What that kernel would take if dequantizing were free."""
-    rm = tl.arange(0, BLOCK_M)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk2 = tl.arange(0, BLOCK_K // 2)
-    rk16 = tl.arange(0, BLOCK_K // 16)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ssum = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x_lo = tl.load(x_ptr + rm[:, None] * K + (k0 + rk2)[None, :], mask=rm[:, None] < M, other=0.0)
-        x_hi = tl.load(x_ptr + rm[:, None] * K + (k0 + BLOCK_K // 2 + rk2)[None, :], mask=rm[:, None] < M, other=0.0)
-        wq = tl.load(wq_ptr + rn[:, None] * (K // 2) + (k0 // 2 + rk2)[None, :]).to(tl.bfloat16)
-        ws = tl.load(ws_ptr + rn[:, None] * (K // 16) + (k0 // 16 + rk16)[None, :])
-        acc = tl.dot(x_lo, tl.trans(wq), acc)
-        acc = tl.dot(x_hi, tl.trans(wq), acc)
-        ssum += tl.sum(ws.to(tl.float32), axis=1)
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], (acc + ssum[None, :]).to(tl.bfloat16), mask=rm[:, None] < M)
-
-
-def _stream_w4(x, q, cfg):
-    m, k = x.shape
-    n = q.data.shape[0]
-    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    _stream_w4_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](x, q.data, q.scale.view(torch.uint8), y, m, n, k,
-                                                          BLOCK_M=16, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                                                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return y
-
-
 def bench_decode(rec, reps=20, sweep=False):
     from minite_core.kernels.decode import decode_gemm_triton
     from minite_core.kernels.quantize import quantize_triton
@@ -345,8 +310,9 @@ def bench_decode(rec, reps=20, sweep=False):
                 rec.add("decode-w4a4-triton(quant+gemm)", shape, t2, "decode-bf16-cublas", t_bf16)
                 # what limits it: the same bytes and tensor-core work with the dequantization left out (timing only)
                 from minite_core.kernels.decode import DECODE_CONFIG
+                from minite_core.kernels.decode_stream import stream_w4
 
-                t4 = time_graph([lambda q=q: _stream_w4(x, q, DECODE_CONFIG) for q in qw], reps)
+                t4 = time_graph([lambda q=q: stream_w4(x, q, DECODE_CONFIG) for q in qw], reps)
                 rec.add("decode-w4-stream-no-dequant(timing only)", shape, t4, "decode-bf16-cublas", t_bf16,
                         gbps=nk * nk * 0.5625 / t4[0] / 1e6)
                 if sweep:

@@ -42,8 +42,9 @@ whose weights + grads + AdamW state alone exceed the GPU's memory stops the benc
 
 Saved-activation bytes: one extra forward per profile, counted by `bench.saved_activations` (parameters, their
 view/cast copies and the modules' weight caches excluded; the loss's own log-softmax excluded — identical for
-every profile — the count covers `model(ids)`). Every profile recomputes its RMSNorms and SwiGLU in backward
-(`nn.recompute`, a model-level choice): they keep their inputs, not their fp32 upcasts and elementwise intermediates.
+every profile — the count covers `model(ids)`). The NVFP4 learners recompute their RMSNorms and SwiGLU in backward
+(profile knob `recompute_elementwise`, `nn.recompute`): they keep their inputs, not their fp32 upcasts and
+elementwise intermediates; bf16 keeps autograd's plain graph, as its users run it (and as the baseline's speed).
 
 MFU = model FLOPs per second / the cuBLAS bf16 GEMM rate measured in the same run (torch.mm at 8192³, bf16 in,
 bf16 out, random data, median of `CEILING_REPS`). Model FLOPs per update (`model_flops`), counted from the config:

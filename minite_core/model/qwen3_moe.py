@@ -23,8 +23,9 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   no key is allowed its own slot, so pad positions give finite (ignored) logits instead of NaN. With a KVCache
   (static buffers, model/kv_cache.py) every forward — prefill and decode — attends over all S slots of the
   cache under its slot mask: one cached-attention path for the reference and the fast (CUDA-graph) sampler.
-- In grad mode the RMSNorms and SwiGLU save only their inputs for backward and run their elementwise ops again
-  there (`nn.recompute`): the same bits as autograd's plain graph, a fraction of its saved bytes.
+- Under a profile with `recompute_elementwise` (the NVFP4 learners), in grad mode the RMSNorms and SwiGLU save
+  only their inputs for backward and run their elementwise ops again there (`nn.recompute`): the same bits as
+  autograd's plain graph, a fraction of its saved bytes.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.batch_invariant = False  # profile knob (set_profile): the one-program-per-row kernel on the fast path
+        self.recompute = False  # profile knob recompute_elementwise (set_profile): save x, redo the ops in backward
         self.weight_cache: dict = {}  # the weight cast to the activation dtype, once per version (no-grad calls)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,6 +59,8 @@ class RMSNorm(nn.Module):
         if self.batch_invariant and dispatch.fast_path(x):
             return dispatch.rms_norm(x, self.weight, self.eps, residual, reference=self.reference)
         if torch.is_grad_enabled() and self.weight.requires_grad:
+            if not self.recompute:
+                return self.reference(x, self.weight, residual)
             # saves x (and residual), not the fp32 upcast / normalised copies: the ops run again in backward
             if residual is None:
                 return recompute(lambda x_, w_: self.reference(x_, w_, None), x, self.weight)
@@ -164,8 +168,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class DenseMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)) (Qwen3MLP / Qwen3MoeMLP); silu(gate) * up recomputed in backward
-    (only the two GEMM outputs are saved for it)."""
+    """SwiGLU: down(silu(gate(x)) * up(x)) (Qwen3MLP / Qwen3MoeMLP); under `recompute_elementwise` silu(gate) * up
+    is recomputed in backward (only the two GEMM outputs are saved for it)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -175,12 +179,14 @@ class DenseMLP(nn.Module):
         self.gate_proj.fused_group = self.up_proj.fused_group = (self.gate_proj, self.up_proj)  # fused gate|up
 
     def forward(self, x):
-        return self.down_proj(recompute(silu_mul, self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        h = recompute(silu_mul, gate, up) if self.down_proj.profile.recompute_elementwise else silu_mul(gate, up)
+        return self.down_proj(h)
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`); silu(gate) * up
-    recomputed in backward (only the gate|up GEMM output is saved for it)."""
+    """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`); under
+    `recompute_elementwise` silu(gate) * up is recomputed in backward (only the gate|up GEMM output is saved)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -189,7 +195,8 @@ class Experts(nn.Module):
 
     def forward(self, x_pad: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
-        h = recompute(swiglu, self.gate_up(x_pad, layout))  # (Tp, 2I) -> (Tp, I)
+        gate_up = self.gate_up(x_pad, layout)  # (Tp, 2I)
+        h = recompute(swiglu, gate_up) if self.down.profile.recompute_elementwise else swiglu(gate_up)  # (Tp, I)
         return self.down(h, layout)
 
 
@@ -378,4 +385,5 @@ def set_profile(model: CausalLM, profile: Profile | str) -> CausalLM:
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.batch_invariant = profile.batch_invariant
+            module.recompute = profile.recompute_elementwise
     return model
