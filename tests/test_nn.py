@@ -284,3 +284,27 @@ def test_fused_group_quantizes_its_input_once(name, monkeypatch):
     assert counts["saved"] >= 2 * cfg.num_hidden_layers
     assert counts[False]["quantize_dq"] - counts[True]["quantize_dq"] == counts["saved"]
     assert counts[False]["quantize_cols"] - counts[True]["quantize_cols"] == counts["saved"]
+
+
+def test_fused_group_shares_its_input_quantization_under_inference_mode():
+    """A sampler's forward (torch.inference_mode: inference tensors keep no version counter) shares the q/k/v input
+    quantization too, with the same logits as without sharing (static scales: vllm-nvfp4 after calibration)."""
+    import importlib
+
+    linear_mod = importlib.import_module("minite_core.nn.linear")
+    cfg = PRESETS["tiny-moe"].replace(num_hidden_layers=2)
+    ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    model = CausalLM(cfg).init_weights(seed=3)
+    for name in ("minite", "vllm-nvfp4"):
+        set_profile(model, name)
+        if get_profile(name).needs_calibration:
+            calibrate(model, [ids])
+        with torch.inference_mode():
+            shared = model(ids)
+            input_quant = linear_mod._input_quant
+            linear_mod._input_quant = lambda group: None
+            try:
+                plain = model(ids)
+            finally:
+                linear_mod._input_quant = input_quant
+        assert torch.equal(shared, plain), name

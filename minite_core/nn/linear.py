@@ -215,7 +215,8 @@ class _InputQuant:
 
     def get(self, x: torch.Tensor, tag, make):
         base = x if x._base is None else x._base
-        sig = (x.data_ptr(), tuple(x.shape), x.stride(), x._version, x.dtype)
+        version = -1 if x.is_inference() else x._version  # inference tensors (a sampler's forward) keep no counter
+        sig = (x.data_ptr(), tuple(x.shape), x.stride(), version, x.dtype)
         hit = self.entries.get(tag)
         if hit is not None and hit[0]() is base and hit[1] == sig:
             return hit[2]
