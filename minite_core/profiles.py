@@ -22,6 +22,9 @@ DTYPES = ("float32", "bfloat16")
 W4A4_GEMMS = ("reference", "vllm-cpu", "te-ref")
 KERNEL_ROUNDINGS = ("rne", "rtz")
 DECODE_GEMMS = ("cached-bf16", "packed")
+# Profile fields that change no number (what is kept for backward, not how it is computed): the attribution's
+# knobs and the diagnostics' "same numerics" keys leave them out.
+NON_NUMERIC = ("recompute_elementwise",)
 
 
 @dataclass(frozen=True)

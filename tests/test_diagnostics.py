@@ -156,6 +156,7 @@ def test_attribution_knobs_reach_target_and_skip_backward_only():
                          "activation.scale_mode", "math", "router_dtype", "lm_head_dtype"] and knobs[-1] == "all"
     neutral = [r for r in res["rows"] if r["forward_neutral"]]
     assert {r["knob"] for r in neutral} == {"wgrad_rht", "wgrad_rht_dtype", "grad"}
+    assert "recompute_elementwise" not in knobs  # changes no number (profiles.NON_NUMERIC): not an execution choice
     assert all(r["delta_k3"] == 0.0 for r in neutral)  # memoised on the forward key, not re-run
     assert len(calls) == len(res["rows"]) - len(neutral)
     # switching every knob reproduces the target's forward numerics on both sides

@@ -33,11 +33,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minite_core.profiles import Profile, Quant, get_profile
+from minite_core.profiles import NON_NUMERIC, Profile, Quant, get_profile
 
 OPERANDS = ("weight", "activation", "grad")
 QUANT_FIELDS = tuple(f.name for f in dataclasses.fields(Quant))
-TOP_FIELDS = tuple(f.name for f in dataclasses.fields(Profile) if f.name not in ("name",) + OPERANDS)
+TOP_FIELDS = tuple(f.name for f in dataclasses.fields(Profile) if f.name not in ("name",) + OPERANDS + NON_NUMERIC)
 BACKWARD_ONLY = ("grad", "wgrad_rht", "wgrad_rht_dtype", "wgrad_input_scale_mode")  # read only by QuantLinear's backward
 
 
@@ -123,7 +123,7 @@ def forward_key(profile: Profile) -> Profile:
     """The forward-relevant part of a profile (name and backward-only fields blanked): equal keys = equal
     forward numerics."""
     return dataclasses.replace(profile, name="", grad=None, wgrad_rht=False, wgrad_rht_dtype="float32",
-                               wgrad_input_scale_mode="tensor")
+                               wgrad_input_scale_mode="tensor", **{f: False for f in NON_NUMERIC})
 
 
 def attribute(measure: Callable[[Profile, Profile], dict], *, base=("te-nvfp4", "vllm-nvfp4"),
