@@ -26,16 +26,17 @@ def tiny():
     return model, input_ids, labels
 
 
-def _step(model, input_ids, labels, plain: bool):
+def _plain(profile):
+    """The same profile with the knob off: the graph autograd builds by default."""
+    return dataclasses.replace(get_profile(profile), recompute_elementwise=False)
+
+
+def _step(model, input_ids, labels):
     """Forward + cross-entropy + backward (bench.learner.learner_step without the optimizer) -> (logits, loss,
-    {name: grad}); plain: under recompute.disabled() (the graph autograd builds by default)."""
+    {name: grad})."""
     model.zero_grad(set_to_none=True)
     set_sr_seeds(model, 0, 3)  # SR streams: the same seeds for both runs
-    if plain:
-        with recompute.disabled():
-            logits = model(input_ids)
-    else:
-        logits = model(input_ids)
+    logits = model(input_ids)
     loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -51,9 +52,10 @@ PROFILES = (_BF16, "minite", "te-nvfp4", "minite-onpolicy",
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p if isinstance(p, str) else p.name)
 def test_learner_step_bitwise(tiny, profile):
     model, input_ids, labels = tiny
+    set_profile(model, _plain(profile))
+    logits_ref, loss_ref, grads_ref = _step(model, input_ids, labels)
     set_profile(model, profile)
-    logits_ref, loss_ref, grads_ref = _step(model, input_ids, labels, plain=True)
-    logits_sut, loss_sut, grads_sut = _step(model, input_ids, labels, plain=False)
+    logits_sut, loss_sut, grads_sut = _step(model, input_ids, labels)
     assert torch.equal(logits_sut, logits_ref)
     assert torch.equal(loss_sut, loss_ref)
     assert grads_sut.keys() == grads_ref.keys()
@@ -73,17 +75,13 @@ def test_rmsnorm_bitwise(residual, x_grad):
     x = torch.randn(3, 5, 48, generator=gen).bfloat16()
     r = torch.randn(3, 5, 48, generator=gen).bfloat16() if residual else None
     dy = torch.randn(3, 5, 48, generator=gen).bfloat16()
-    norm.recompute = True  # profile knob recompute_elementwise
     out = {}
     for plain in (True, False):
         xs = x.clone().requires_grad_(x_grad)
         rs = r.clone().requires_grad_() if residual else None
         norm.weight.grad = None
-        if plain:
-            with recompute.disabled():
-                y = norm(xs, rs)
-        else:
-            y = norm(xs, rs)
+        norm.recompute = not plain  # profile knob recompute_elementwise
+        y = norm(xs, rs)
         y.backward(dy)
         out[plain] = (y.detach(), norm.weight.grad, xs.grad, rs.grad if residual else None)
     for a, b in zip(out[False], out[True]):
@@ -97,11 +95,7 @@ def test_swiglu_bitwise():
     grads = []
     for plain in (True, False):
         x = gate_up.clone().requires_grad_()
-        if plain:
-            with recompute.disabled():
-                y = recompute.recompute(swiglu, x)
-        else:
-            y = recompute.recompute(swiglu, x)
+        y = swiglu(x) if plain else recompute.recompute(swiglu, x)
         y.backward(dy)
         grads.append((y.detach(), x.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
@@ -113,9 +107,6 @@ def test_no_grad_is_a_plain_call():
         assert recompute.recompute(torch.sigmoid, x).grad_fn is None
     assert type(recompute.recompute(torch.sigmoid, x.detach())).__name__ == "Tensor"
     assert recompute.recompute(torch.sigmoid, x).grad_fn.name() == "_RecomputeBackward"
-    with recompute.disabled():
-        assert recompute.recompute(torch.sigmoid, x).grad_fn.name() == "SigmoidBackward0"
-    assert recompute.enabled()
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -136,8 +127,8 @@ def test_norm_saves_only_its_inputs(residual):
     x = torch.randn(8, 64).bfloat16().requires_grad_()
     counted = saved_activation_bytes(Wrapped(), x)
     assert counted["total"] == x.numel() * 2 * (2 if residual else 1)
-    with recompute.disabled():
-        plain = saved_activation_bytes(Wrapped(), x)
+    norm.recompute = False
+    plain = saved_activation_bytes(Wrapped(), x)
     assert plain["by_dtype"]["float32"] >= x.numel() * 4  # the fp32 upcast (or the fp32 sum)
     assert counted["total"] < plain["total"]
 
@@ -148,9 +139,9 @@ def test_tiny_model_saves_less(tiny):
     the bf16 profile itself keeps autograd's plain graph (recompute_elementwise=False)."""
     model, input_ids, _ = tiny
     for name, ratio in ((_BF16, 0.8), ("minite", 0.7), ("te-nvfp4", 0.7)):
+        set_profile(model, _plain(name))
+        plain = saved_activation_bytes(model, input_ids)
         set_profile(model, name)
-        with recompute.disabled():
-            plain = saved_activation_bytes(model, input_ids)
         counted = saved_activation_bytes(model, input_ids)
         for producer in ("RsqrtBackward0", "SiluBackward0", "SplitBackward0"):
             assert producer in plain["by_producer"] and producer not in counted["by_producer"], (name, producer)

@@ -2,9 +2,9 @@
 
 What: `recompute(fn, *inputs)` returns `fn(*inputs)`. In grad mode the graph saves only `inputs` for the region;
 backward re-runs `fn` on them under `enable_grad` and differentiates that fresh graph (`torch.autograd.grad`). The
-model wraps its elementwise regions in it (model/qwen3_moe.py): every RMSNorm (fp32 upcast, x², mean, rsqrt,
-scale, downcast, weight multiply) and SwiGLU (silu(gate) * up), for every profile, so the bf16 baseline and the
-NVFP4 profiles save alike.
+model wraps its elementwise regions in it (model/qwen3_moe.py) under the profile knob `recompute_elementwise` (the
+NVFP4 learners): every RMSNorm (fp32 upcast, x², mean, rsqrt, scale, downcast, weight multiply) and SwiGLU
+(silu(gate) * up).
 
 Why: at Qwen3-30B-A3B layer shapes (H200, 4 layers, 16,384 tokens) the norms' fp32 upcast and normalised copies
 were the largest saved producer (ToCopyBackward0 3.62 GB of 11.06 GB under minite, `bench.saved_activations`) and
@@ -14,7 +14,7 @@ pass of memory-bound elementwise ops in backward.
 
 Bitwise: the forward runs the same torch ops on the same inputs (under no_grad, which picks the same kernels),
 and backward builds the same graph from the same inputs and runs autograd's own derivative formulas on it, so
-outputs and gradients are the plain path's bits (tests/test_recompute.py compares against `disabled()`, which
+outputs and gradients are the plain path's bits (tests/test_recompute.py compares against the knob off, which
 runs `fn` directly: the code before this module existed).
 
 How it differs from `torch.utils.checkpoint`: the same idea, narrower. The forward builds no graph (no_grad), no
@@ -25,27 +25,7 @@ The batch-invariant RMSNorm kernel's backward (kernels/rmsnorm.py, `InvariantRMS
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
-
-_enabled = True  # switched off only by `disabled()` (tests: the plain path to compare against)
-
-
-@contextlib.contextmanager
-def disabled():
-    """Within: `recompute(fn, *inputs)` is `fn(*inputs)`, every intermediate saved as autograd does by default.
-    Decided at forward time: a graph built inside may be differentiated outside."""
-    global _enabled
-    before, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = before
-
-
-def enabled() -> bool:
-    return _enabled
 
 
 class _Recompute(torch.autograd.Function):
@@ -67,8 +47,8 @@ class _Recompute(torch.autograd.Function):
 
 def recompute(fn, *inputs: torch.Tensor) -> torch.Tensor:
     """fn(*inputs) -> one tensor, fn a deterministic function of the tensors `inputs` only (elementwise, cheap).
-    In grad mode, with some input requiring grad and recomputation enabled: only `inputs` are saved and fn runs
-    again in backward. Otherwise a plain call."""
-    if _enabled and torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    In grad mode, with some input requiring grad: only `inputs` are saved and fn runs again in backward.
+    Otherwise a plain call."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         return _Recompute.apply(fn, *inputs)
     return fn(*inputs)
