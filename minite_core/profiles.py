@@ -134,7 +134,8 @@ class Profile:
     # Not a numeric knob: in a learner's forward, RMSNorm and SwiGLU save only their inputs and run their
     # elementwise ops again in backward (nn.recompute; outputs and gradients bitwise the plain graph's). On for the
     # NVFP4 learners, whose recipe keeps packed GEMM inputs and recomputes the cheap ops (issue 16, item 4); off for
-    # bf16, as BF16 users run it (the recomputation cost the H200's bf16 step 5%: 247 -> 260 ms at 6 layers).
+    # bf16, as BF16 users run it (H200, 6 layers: bf16's step 247.4 ms without it, 259.8 ms with it, ~5% — two
+    # runs on two machines, results/h200/extra/session7).
     recompute_elementwise: bool = False
 
     def __post_init__(self):
