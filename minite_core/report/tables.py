@@ -1,12 +1,14 @@
 """The report's tables of four stages, from their results files alone: quantization error (quant_error/sqnr.json),
-learner throughput (throughput/learner.json), sampler throughput (throughput/sampler.json) and lm-eval
-(eval/*.json). They live here, not beside the stages that write the files, because the report reads only the
-results contract (DESIGN.md) — any program that writes a conforming file gets the same table.
+learner throughput (throughput/learner.json, with its kernel tables where the bench ran with `--op-profile`),
+sampler throughput (throughput/sampler.json) and lm-eval (eval/*.json). They live here, not beside the stages that
+write the files, because the report reads only the results contract (DESIGN.md) — any program that writes a
+conforming file gets the same table.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from minite_core.results import read_result
@@ -132,7 +134,68 @@ def throughput_section(res: dict | str | Path | None) -> str:
     head = "## Learner-update throughput: BF16 vs TE-NVFP4 vs miniTE\n\n"
     if res is None or (not isinstance(res, dict) and not Path(res).exists()):
         return head + "_not run_\n"
-    return head + REPORT_NOTE + "\n" + throughput_table(res)
+    if not isinstance(res, dict):
+        res = json.loads(Path(res).read_text())
+    text = head + REPORT_NOTE + "\n" + throughput_table(res)
+    if res.get("op_profile"):  # `minite bench learner --op-profile`
+        text += ("\n### Kernels of one learner update (`--op-profile`)\n\n"
+                 "One extra update per profile under torch.profiler, after the timed rounds (untimed: the "
+                 "profiler's overhead is in the wall clock, not in the kernel durations).\n\n"
+                 + kernel_tables(res["op_profile"], {r["profile"]: r["step_ms"] for r in res["rows"]}))
+    return text
+
+
+# ---- kernel tables (`--op-profile` of the benches) ---------------------------------------------------------------
+# torch.profiler records an annotation range (the optimizer hook's `Optimizer.step#AdamW.step`, record_function
+# ranges) as a device event spanning the kernels inside it, so bench.op_profile.kernel_table lists it like a kernel
+# and its totals count those kernels twice. Kernel names contain '#' too (`{lambda()#3}`): an annotation is a
+# dotted identifier, '#', a dotted identifier, and nothing else.
+_ANNOTATION = re.compile(r"[A-Za-z_][\w.]*#[\w.]+")
+_NAMESPACES = ("(anonymous namespace)::", "at::native::", "at::", "c10::")  # dropped from kernel names, in order
+
+
+def is_annotation(name: str) -> bool:
+    """Whether a kernel_table entry is a profiler annotation range, not a kernel."""
+    return _ANNOTATION.fullmatch(name) is not None
+
+
+def _kernel_name(name: str, width: int = 64) -> str:
+    short = name.removeprefix("void ")
+    for ns in _NAMESPACES:
+        short = short.replace(ns, "")
+    short = short if len(short) <= width else short[:width - 1] + "…"
+    return "`" + short.replace("|", "\\|") + "`"
+
+
+def _ms(v: float) -> str:
+    return format(v, ".1f" if abs(v) >= 1 else ".3f")
+
+
+def kernel_tables(op_profile: dict, step_ms: dict | None = None, top: int = 8) -> str:
+    """Markdown of a result's `op_profile` ({profile: bench.op_profile.kernel_table}): per profile one line (kernels
+    and kernel ms per step, beside the timed step ms where `step_ms` has the profile) and its `top` kernels by
+    device time. Annotation ranges (is_annotation) are left out of the tables and subtracted from the totals
+    (those in the stored top list: kernel_table keeps its top 25 entries)."""
+    lines, annotations = [], []
+    for name, t in op_profile.items():
+        ranges = [r for r in t["top"] if is_annotation(r["kernel"])]
+        kernels = [r for r in t["top"] if not is_annotation(r["kernel"])]
+        annotations += [r["kernel"] for r in ranges if r["kernel"] not in annotations]
+        n = t["kernels_per_step"] - sum(r["calls_per_step"] for r in ranges)
+        ms = t["kernel_ms_per_step"] - sum(r["ms_per_step"] for r in ranges)
+        notes = ([f"timed step {_ms(step_ms[name])} ms"] if name in (step_ms or {}) else []) + (
+            [f"{_ms(sum(r['ms_per_step'] for r in ranges))} ms of annotation ranges left out"] if ranges else [])
+        lines += [f"**{name}**: {n:,.0f} kernels, {_ms(ms)} ms of kernels per step"
+                  + (f" ({'; '.join(notes)})" if notes else "") + ".", "",
+                  "| kernel | calls/step | ms/step | % of kernel ms |", "|---|---:|---:|---:|"]
+        lines += [f"| {_kernel_name(r['kernel'])} | {r['calls_per_step']:g} | {_ms(r['ms_per_step'])} | "
+                  f"{100 * r['ms_per_step'] / ms:.1f} |" for r in kernels[:top]]
+        lines.append("")
+    if annotations:
+        lines.insert(0, "Left out of the tables and totals, as profiler annotation ranges rather than kernels: "
+                     + ", ".join(f"`{a}`" for a in annotations) + ". A range spans kernels listed on their own, "
+                     "so counting it would count their time twice.\n")
+    return "\n".join(lines)
 
 
 # ---- sampler throughput -----------------------------------------------------------------------------------------------

@@ -1,0 +1,72 @@
+"""The learner throughput section's kernel tables (report/tables.kernel_tables) from a made-up
+throughput/learner.json: rendered where the bench ran with `--op-profile`, profiler annotation ranges such as
+`Optimizer.step#AdamW.step` left out of the tables and the totals, and the section unchanged without `op_profile`."""
+from __future__ import annotations
+
+import json
+
+from minite_core.report.build import build, section_throughput
+from minite_core.report.tables import REPORT_NOTE, is_annotation, throughput_table
+
+LAMBDA = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+          "::{lambda()#3}:")  # a real kernel name (H200 learner profile)
+
+
+def _learner(op_profile: dict | None) -> dict:
+    """The smallest throughput/v1 learner payload that throughput_table reads: one bf16 row of 9.5 ms."""
+    model = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+             "vocab_size": 256}
+    config = {"model_config": model, "num_parameters": 1e6, "param_dtype": "float32", "optimizer": "AdamW(fused)",
+              "batch": 2, "seq": 8, "tokens_per_step": 16, "iters_run": 3, "warmup": 1}
+    row = {"profile": "bf16", "tokens_per_s": 1684.0, "p20_tokens_per_s": 1600.0, "p80_tokens_per_s": 1700.0,
+           "mfu": None, "step_ms": 9.5, "speedup_vs_bf16": 1.0, "speedup_vs_te_nvfp4": None, "peak_mem_gb": None,
+           "saved_act_gb": 0.01, "saved_act_ratio_vs_bf16": 1.0}
+    paper = {"hardware": "B300", "model": "Qwen3-30B-A3B", "source": "paper", "minite_tokens_per_s": 33540,
+             "speedup_vs_bf16": 1.39, "speedup_vs_te_nvfp4": 1.47}
+    return {"schema": "throughput/v1", "experiment": "t", "config": config, "env": {"gpu": "H200"}, "rows": [row],
+            "skipped": [], "targets": {}, "paper": paper, **({"op_profile": op_profile} if op_profile else {})}
+
+
+def _op_profile() -> dict:
+    """bf16: 9 entries of which one is the optimizer's annotation range (1 call, 2 ms) over its kernel (2 ms)."""
+    top = [{"kernel": "_grouped_kernel", "calls_per_step": 4.0, "ms_per_step": 3.0},
+           {"kernel": "Optimizer.step#AdamW.step", "calls_per_step": 1.0, "ms_per_step": 2.0},
+           {"kernel": "multi_tensor_apply_kernel", "calls_per_step": 1.0, "ms_per_step": 2.0},
+           {"kernel": LAMBDA, "calls_per_step": 2.0, "ms_per_step": 1.0}]
+    top += [{"kernel": f"small_kernel_{i}", "calls_per_step": 1.0, "ms_per_step": 0.25} for i in range(8)]
+    return {"bf16": {"steps": 1, "kernels_per_step": 16.0, "kernel_ms_per_step": 10.0, "top": top}}
+
+
+def test_annotation_ranges_are_not_kernels():
+    assert is_annotation("Optimizer.step#AdamW.step") and is_annotation("Optimizer.zero_grad#AdamW.zero_grad")
+    assert not is_annotation(LAMBDA)  # a '#' inside a kernel's name
+    assert not is_annotation("_quantize_kernel") and not is_annotation("nvjet_sm90_tss_64x8_64x16_1x4_h_bz_TNT")
+
+
+def test_learner_section_renders_the_kernel_table(tmp_path):
+    (tmp_path / "throughput").mkdir()
+    (tmp_path / "throughput" / "learner.json").write_text(json.dumps(_learner(_op_profile())))
+    text = section_throughput(tmp_path)
+    kernels = text[text.index("### Kernels of one learner update"):]
+    # totals without the annotation range: 16 - 1 kernels, 10 - 2 ms, below the timed 9.5 ms step
+    assert "**bf16**: 15 kernels, 8.0 ms of kernels per step (timed step 9.5 ms; 2.0 ms of annotation ranges " \
+           "left out)." in kernels
+    rows = [line for line in kernels.splitlines() if line.startswith("| `")]
+    assert len(rows) == 8  # the top 8 kernels
+    assert rows[0] == "| `_grouped_kernel` | 4 | 3.0 | 37.5 |"  # % of the 8.0 kernel ms
+    assert rows[1].startswith("| `multi_tensor_apply_kernel` |")
+    assert not any("Optimizer.step" in r for r in rows) and "`Optimizer.step#AdamW.step`" in kernels  # caption
+    assert rows[2].startswith("| `unrolled_elementwise_kernel<direct_copy_kernel_cuda(") and "…` |" in rows[2]
+    assert "| `small_kernel_4` | 1 | 0.250 | 3.1 |" in kernels and "small_kernel_5" not in kernels
+    assert "### Kernels of one learner update" in build(tmp_path)
+
+
+def test_learner_section_unchanged_without_op_profile(tmp_path):
+    (tmp_path / "throughput").mkdir()
+    res = _learner(None)
+    (tmp_path / "throughput" / "learner.json").write_text(json.dumps(res))
+    text = section_throughput(tmp_path)
+    assert "Kernels of one" not in text
+    assert text == "## Learner-update throughput: BF16 vs TE-NVFP4 vs miniTE\n\n" + REPORT_NOTE + "\n" \
+        + throughput_table(res)
