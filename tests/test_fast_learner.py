@@ -201,3 +201,42 @@ def test_expert_weight_t_in_place_equals_the_transposed_copy(math, backend):
     assert sut.values_bf16.shape == ref.values_bf16.shape == (E, K, N)
     assert torch.equal(sut.values_bf16.contiguous().cpu(), ref.values_bf16.cpu())
     assert torch.equal(sut.global_scale.cpu(), ref.global_scale.cpu())
+
+
+@triton_ok
+@pytest.mark.parametrize("profile", ["minite", "te-nvfp4"])
+def test_one_read_forward_quantization_is_the_two_quantizers(profile, backend, monkeypatch):
+    """On the fast path every NVFP4 linear and expert GEMM quantizes its input x once for both the forward operand
+    and the saved xᵀ (dispatch.quantize_rows_cols; no along-token quantization in the forward), and one step's loss
+    and gradients are bitwise those of the two separate quantizers (`_one_read` off)."""
+    import importlib
+
+    from minite_core.nn import experts
+
+    linear_mod = importlib.import_module("minite_core.nn.linear")
+    dev = "cuda" if CUDA else "cpu"
+    model = _model(dev)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(2)).to(dev)  # 18 tokens: padded
+    calls = {"quantize_rows_cols": 0, "quantize_cols": 0}
+    for fn in calls:
+        def counted(*a, _orig=getattr(dispatch, fn), _fn=fn, **kw):
+            calls[_fn] += 1
+            return _orig(*a, **kw)
+        monkeypatch.setattr(dispatch, fn, counted)
+    backend("triton")
+    set_profile(model, profile)
+    inputs = set()  # the distinct inputs of the quantized GEMMs (q/k/v and gate/up read one)
+    for m in model.modules():
+        if isinstance(m, GroupedLinear) or (isinstance(m, QuantLinear) and m.role == "linear"):
+            m.register_forward_pre_hook(lambda mod, args: inputs.add(args[0].data_ptr()))
+    model(ids[:, :-1])
+    assert calls == {"quantize_rows_cols": len(inputs), "quantize_cols": 0}, (calls, len(inputs))
+    monkeypatch.undo()
+    one = _step(model, ids, profile, "triton", backend)
+    monkeypatch.setattr(linear_mod, "_one_read", lambda *a: False)
+    monkeypatch.setattr(experts, "_one_read", lambda *a: False)
+    two = _step(model, ids, profile, "triton", backend)
+    assert torch.equal(one[0], two[0])
+    assert one[1].keys() == two[1].keys()
+    for n in one[1]:
+        assert torch.equal(one[1][n], two[1][n]), n

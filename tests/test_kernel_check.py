@@ -21,7 +21,8 @@ def test_checks_pass_and_are_recorded(tmp_path, one_thread):
     res = json.loads(out.read_text())
     assert res["schema"] == "kernels/v1" and res["metrics"]["failed"] == 0 and res["metrics"]["checks"] >= 15
     kinds = {r["kernel"].split("[")[0] for r in res["rows"]}
-    assert {"quantize", "quantize_cols", "gemm", "grouped_gemm", "kgrouped_gemm", "dequantize"} <= kinds
+    assert {"quantize", "quantize_cols", "quantize_rows_cols", "gemm", "grouped_gemm", "kgrouped_gemm",
+            "dequantize"} <= kinds
     assert all({"shape", "backend", "compile_s", "max_err", "verdict"} <= set(r) for r in res["rows"])
 
 

@@ -429,3 +429,50 @@ def test_quantize_cols_rht_bf16_equals_reference(sr):
     assert torch.equal(amax, xf.abs().reshape(32, 4, 16).amax(dim=(0, 2)))
     r32, _ = quantize_reference(x.t().contiguous().cpu(), rht=True, rounding=kw["rounding"], seed=kw["seed"])
     assert not torch.equal(r32.data, r.data)
+
+
+@cpu_kernels
+@pytest.mark.parametrize("per_row,rht,math,segments",
+                         [(True, False, "exact", False), (False, True, "exact", False), (True, False, "fast", True),
+                          (False, True, "exact", True), (False, False, "exact", False)])
+def test_quantize_rows_cols_is_both_quantizers(per_row, rht, math, segments):
+    """One read of x for a forward linear's two operands (dispatch.quantize_rows_cols): x's row-wise codes, scales,
+    S_dec and bf16 copy equal the reference row quantizer's, xᵀ's codes the reference's on the transpose — per-token or
+    per-tensor row scales, TE's RHT on xᵀ only, per-expert (per-16-token-block) scales of xᵀ; C not a multiple of
+    the tile (48 channels, block_c 32)."""
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_rows_cols_triton
+
+    x = _input(64, 48, torch.bfloat16, seed=13)
+    ra = row_amax(x)
+    rht_kw = dict(rht=rht, rht_dtype="bfloat16")
+    row_arg = ra if per_row else ra.amax()
+    cols_kw = {}
+    if segments:  # two "experts": tokens [0, 16) and [16, 64), each xᵀ block with its expert's amax
+        bam = col_block_amax(x, **rht_kw)
+        seg = torch.stack([bam[:1].amax(), bam[1:].amax()])
+        cols_kw["col_amax"] = seg[torch.tensor([0, 1, 1, 1], device=x.device)]
+    elif rht:
+        cols_kw["amax"] = col_block_amax(x, **rht_kw).amax()
+    (t, dq), t_t = quantize_rows_cols_triton(x, row_arg, math=math, block_t=32, block_c=32, num_warps=4, **rht_kw,
+                                             **cols_kw)
+    r, rdq = quantize_reference(x.cpu(), scale_mode="row" if per_row else "tensor", math=math, emit_dq=True)
+    _same(t, r, dq, rdq)
+    if segments:
+        xt = x.t().float().cpu()
+        parts = [quantize_reference(xt[:, s:e].contiguous(), math=math, rht=rht, rht_dtype="bfloat16")[0]
+                 for s, e in ((0, 16), (16, 64))]
+        assert torch.equal(t_t.data.cpu(), torch.cat([p.data for p in parts], 1))
+        assert torch.equal(t_t.scale.view(torch.uint8).cpu(), torch.cat([p.scale.view(torch.uint8) for p in parts], 1))
+    else:
+        _same(t_t, quantize_reference(x.t().contiguous().cpu(), math=math, rht=rht, rht_dtype="bfloat16")[0])
+    # the dispatch entry point: the same bits on the Triton path, and the reference branch
+    spec = Quant(scale_mode="row" if per_row else "tensor", math=math)
+    for be in ("triton", "reference"):
+        if be == "reference" and segments:
+            continue  # per-block xᵀ scales are Triton only
+        xb = x if be == "triton" else x.cpu()
+        t2, op2, t_t2 = dispatch.quantize_rows_cols(xb, spec, row_arg.to(xb.device), backend=be, **rht_kw,
+                                                    **{k: v.to(xb.device) for k, v in cols_kw.items()})
+        _same(t2, r, op2.values_bf16, rdq)
+        assert torch.equal(op2.global_scale.cpu(), r.global_scale)
+        assert torch.equal(t_t2.data.cpu(), t_t.data.cpu())

@@ -121,6 +121,34 @@ def check_quantizers(ck: Checker, variants, m: int, k: int):
         ck.run(f"quantize[{name}]", f"{m}x{k}", rows)
 
 
+def check_dual(ck: Checker, profiles: list[str], m: int, k: int):
+    """The one-read forward quantization (dispatch.quantize_rows_cols) of every learner profile that uses it, against
+    the reference's row quantizer on x and along-token quantizer on xᵀ: codes, scales, S_dec and bf16 copy bitwise."""
+    from minite_core.kernels import dispatch
+    from minite_core.kernels.quantize import row_amax
+    from minite_core.kernels.quantize_cols import col_block_amax
+    from minite_core.kernels.reference import quantize_reference
+
+    x = _input(m - m % 16, k, 2, ck.device)
+    for name in profiles:
+        p = get_profile(name)
+        act = p.activation
+        if p.grad is None or not dispatch.rows_cols_spec(act):
+            continue
+        rht = dict(rht=p.wgrad_rht, rht_dtype=p.wgrad_rht_dtype)
+
+        def dual(act=act, rht=rht):
+            ra = row_amax(x)
+            amax = col_block_amax(x, **rht).amax() if rht["rht"] else None
+            t, op, t_t = dispatch.quantize_rows_cols(x, act, ra if act.scale_mode == "row" else ra.amax(), amax=amax,
+                                                     **rht)
+            r, rdq = quantize_reference(x.cpu(), scale_mode=act.scale_mode, math=act.math, emit_dq=True)
+            r_t, _ = quantize_reference(x.t().contiguous().cpu(), math=act.math, **rht)
+            return (_same(t, r) and torch.equal(op.values_bf16.cpu(), rdq)
+                    and torch.equal(t.global_scale.cpu(), r.global_scale) and _same(t_t, r_t)), 0.0
+        ck.run(f"quantize_rows_cols[{name}]", f"{x.shape[0]}x{k}", dual)
+
+
 def check_gemms(ck: Checker, m: int, n: int, k: int, experts: int, top_k: int, fp32_head: bool):
     from minite_core.kernels import dispatch, grouped, reference
     from minite_core.kernels.operands import DqOperand
@@ -263,6 +291,7 @@ def _main(args) -> int:
         ck = Checker(device, dispatch.current_backend())
         t0 = time.perf_counter()
         check_quantizers(ck, _quant_variants(profiles), sh["m"], sh["k"])
+        check_dual(ck, profiles, sh["m"], sh["k"])
         check_gemms(ck, sh["m"], sh["n"], sh["k"], sh["experts"], sh["top_k"],
                     fp32_head=any(get_profile(p).lm_head_dtype == "float32" for p in profiles))
     failed = [r for r in ck.rows if r["verdict"] != "ok"]

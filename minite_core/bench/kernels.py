@@ -106,6 +106,7 @@ def bench_quantize(rec, m=16384, k=4096, reps=30):
                     moved_gbps=(in_bytes + out_bytes) / t[0] / 1e6)
         _guard(rec, name, shape, run)
     bench_quantize_cols(rec, x, t_copy, copy_gbps, reps)
+    bench_quantize_dual(rec, x, t_copy, copy_gbps, reps)
     # tile sweep for the default (1x16 row dynamic): BLOCK_M, BLOCK_K, num_warps
     for bm, bk, nw in [(16, 256, 4), (8, 256, 4), (16, 512, 8), (32, 256, 8), (16, 128, 4), (4, 512, 4)]:
         nm = f"quantize-tile-bm{bm}-bk{bk}-w{nw}"
@@ -154,6 +155,52 @@ def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
         _guard(rec, name, shape, amax)
         for cfg in COLS_SWEEP if sweep else ():
             _guard(rec, name, shape, lambda cfg=cfg, amax=amax: amax(cfg=cfg))
+
+
+DUAL_SWEEP = [(64, 128, 8), (32, 128, 4), (64, 64, 4), (32, 64, 4), (128, 64, 8), (64, 256, 8)]
+
+
+def bench_quantize_dual(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
+    """A forward linear's two operands from one read of x (`quantize_rows_cols_triton`: row codes + bf16 copy for
+    the GEMM, xᵀ codes kept for wgrad), amax passes included, as minite (per-token rows) and TE's recipe (per-tensor
+    rows, RHT'd xᵀ) run them — against the D2D copy, with the two separate quantizers it replaces timed beside it
+    (`separate_ms`: row quantizer + xᵀ amax pass + along-token quantizer)."""
+    from minite_core.kernels.quantize import quantize_triton, row_amax
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton, quantize_rows_cols_triton
+
+    m, k = x.shape
+    shape = f"{m}x{k} bf16"
+    rht = dict(rht=True, rht_dtype="bfloat16")
+
+    def minite(tile):
+        ra = row_amax(x)
+        return quantize_rows_cols_triton(x, ra, **tile)
+
+    def minite_separate():
+        quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
+        quantize_cols_triton(x, amax=col_block_amax(x).amax(), check=False)
+
+    def te(tile):
+        return quantize_rows_cols_triton(x, row_amax(x).amax(), amax=col_block_amax(x, **rht).amax(), **rht, **tile)
+
+    def te_separate():
+        quantize_triton(x, emit_dq=True, check=False)
+        quantize_cols_triton(x, amax=col_block_amax(x, **rht).amax(), check=False, **rht)
+
+    out_bytes = 2 * (m * k // 2 + m * k // 16) + m * k * 2
+    for name, dual, separate in (("quantize-dual-row+cols", minite, minite_separate),
+                                 ("quantize-dual-tensor+cols-rht-bf16", te, te_separate)):
+        t_sep = time_fn(separate, reps)
+        for cfg in [None] + (DUAL_SWEEP if sweep else []):
+            tile = {} if cfg is None else dict(block_t=cfg[0], block_c=cfg[1], num_warps=cfg[2])
+            label = name if cfg is None else f"{name}-bt{cfg[0]}-bc{cfg[1]}-w{cfg[2]}"
+
+            def run(dual=dual, tile=tile, label=label, t_sep=t_sep):
+                t = time_fn(lambda: dual(tile), reps)
+                gbps = (m * k * 2 + out_bytes) / t[0] / 1e6  # compulsory bytes (x read once)
+                rec.add(label, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps,
+                        separate_ms=t_sep[0], vs_separate=t_sep[0] / t[0])
+            _guard(rec, label, shape, run)
 
 
 def bench_linear(rec, m, n, k, reps=20, sweep=False):

@@ -163,6 +163,36 @@ def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: 
     return quantize_cols_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, check=False, **q)
 
 
+def rows_cols_spec(quant: Quant | None) -> bool:
+    """Whether `quantize_rows_cols` takes this activation spec: dynamic, 1x16 blocks, RNE, no 4over6."""
+    return (quant is not None and not quant.static and tuple(quant.block) == (1, 16) and quant.rounding == "rne"
+            and quant.four_over_six == "off")
+
+
+def quantize_rows_cols(x: torch.Tensor, quant: Quant, row_amax: torch.Tensor, *, amax=None, col_amax=None,
+                       rht: bool = False, rht_dtype: str = "float32", backend: str | None = None):
+    """Both operands of a forward linear, RNE: x along C (the forward GEMM's, with its DqOperand) and xᵀ along T
+    (kept for wgrad; RHT'd when `rht`) — from one read of x [T, C] (T % 16 == 0) on the Triton path
+    (`quantize_rows_cols_triton`), from the two quantizers on the reference. row_amax: x's amax per token [T] or
+    one []; amax / col_amax: xᵀ's (default: the max of row_amax, i.e. of |x|; col_amax [T/16] Triton only).
+    Returns (NVFP4Tensor of x, DqOperand of x, NVFP4Tensor of xᵀ)."""
+    if not rows_cols_spec(quant):
+        raise ValueError(f"quantize_rows_cols takes a dynamic 1x16 RNE spec without 4over6, got {quant}")
+    per_row = row_amax.dim() == 1
+    if not fast_path(x, backend):
+        t, dq = quantize_dq(x, quant, amax=row_amax, scale_mode="row" if per_row else "tensor", backend=backend,
+                            check=False)
+        amax = row_amax.amax() if amax is None and col_amax is None else amax
+        extra = {} if col_amax is None else {"col_amax": col_amax}
+        cols, _ = quantize_cols(x, quant, amax=amax, rht=rht, rht_dtype=rht_dtype, backend=backend, **extra)
+        return t, dq, cols
+    from minite_core.kernels.quantize_cols import quantize_rows_cols_triton
+
+    (t, dq), cols = quantize_rows_cols_triton(x, row_amax, amax=amax, col_amax=col_amax, math=quant.math, rht=rht,
+                                              rht_dtype=rht_dtype)
+    return t, DqOperand(dq, t.global_scale), cols
+
+
 def as_dq(op) -> DqOperand:
     return op if isinstance(op, DqOperand) else DqOperand(dequantize_bf16(op), op.global_scale)
 

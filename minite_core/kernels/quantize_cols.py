@@ -22,6 +22,8 @@ or, per token, (seed, expert-local token index) arrays (`seg_seed`). No K loop: 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -43,17 +45,16 @@ from minite_core.kernels.quantize import (
 # saved xᵀ) (64, 128, 8) 0.257 ms (0.26-0.42 elsewhere); SR + the bf16 copy (dyᵀ) (32, 64, 4) 0.474 ms, with TE's
 # RHT 0.539 ms (0.55-0.90 elsewhere: the Philox draws and the dq words want more programs, fewer registers each).
 AMAX_TILE, CODES_TILE, SR_DQ_TILE = (64, 64, 4), (64, 128, 8), (32, 64, 4)
+DUAL_TILE = (64, 128, 8)  # the codes of x and xᵀ from one read (quantize_rows_cols_triton): not yet swept
 
 
 @triton.jit
-def _row(x_ptr, g, c, T, C, stride_t, stride_c, J: tl.constexpr, NEG: tl.constexpr):
-    """Token g * 16 + J of every 16-token block g (G,) and channel c (BC,): fp32 (G, BC), sign-flipped by the
-    RHT's s[J] when NEG (exact)."""
+def _row(x_ptr, g, c, T, C, stride_t, stride_c, J: tl.constexpr):
+    """Token g * 16 + J of every 16-token block g (G,) and channel c (BC,): fp32 (G, BC)."""
     t = g * 16 + J
     mask = (t[:, None] < T) & (c[None, :] < C)
-    x = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_t + c[None, :].to(tl.int64) * stride_c, mask=mask,
-                other=0.0).to(tl.float32)
-    return -x if NEG else x
+    return tl.load(x_ptr + t[:, None].to(tl.int64) * stride_t + c[None, :].to(tl.int64) * stride_c, mask=mask,
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -72,27 +73,29 @@ def _fin(v, RHT: tl.constexpr, RHT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: tl.constexpr):
-    """The 16 tokens of every block g as 16 (G, BC) tensors, RHT'd along the tokens when RHT: sign flip by
+def _raw16(x_ptr, g, c, T, C, stride_t, stride_c):
+    """The 16 tokens of every block g as 16 (G, BC) fp32 tensors, each loaded coalesced along C."""
+    return (_row(x_ptr, g, c, T, C, stride_t, stride_c, 0), _row(x_ptr, g, c, T, C, stride_t, stride_c, 1),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 2), _row(x_ptr, g, c, T, C, stride_t, stride_c, 3),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 4), _row(x_ptr, g, c, T, C, stride_t, stride_c, 5),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 6), _row(x_ptr, g, c, T, C, stride_t, stride_c, 7),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 8), _row(x_ptr, g, c, T, C, stride_t, stride_c, 9),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 10), _row(x_ptr, g, c, T, C, stride_t, stride_c, 11),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 12), _row(x_ptr, g, c, T, C, stride_t, stride_c, 13),
+            _row(x_ptr, g, c, T, C, stride_t, stride_c, 14), _row(x_ptr, g, c, T, C, stride_t, stride_c, 15))
+
+
+@triton.jit
+def _rht_tokens(xs, RHT: tl.constexpr, RHT_BF16: tl.constexpr):
+    """The RHT along the 16 tokens of (`_raw16`'s) xs when RHT, else xs: sign flip by
     s = [1,1,1,-1,1,-1,-1,-1,-1,-1,-1,1,-1,1,-1,-1], then the stages h = 1, 2, 4, 8 of (a + b, a - b) on pairs
     (i, i + h) — formats.rht's butterfly, term for term — then x1/4. Every add pairs values one thread holds."""
-    x0 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 0, False)
-    x1 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 1, False)
-    x2 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 2, False)
-    x3 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 3, RHT)
-    x4 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 4, False)
-    x5 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 5, RHT)
-    x6 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 6, RHT)
-    x7 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 7, RHT)
-    x8 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 8, RHT)
-    x9 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 9, RHT)
-    x10 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 10, RHT)
-    x11 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 11, False)
-    x12 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 12, RHT)
-    x13 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 13, False)
-    x14 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 14, RHT)
-    x15 = _row(x_ptr, g, c, T, C, stride_t, stride_c, 15, RHT)
+    x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
+    x4, x5, x6, x7 = xs[4], xs[5], xs[6], xs[7]
+    x8, x9, x10, x11 = xs[8], xs[9], xs[10], xs[11]
+    x12, x13, x14, x15 = xs[12], xs[13], xs[14], xs[15]
     if RHT:
+        x3, x5, x6, x7, x8, x9, x10, x12, x14, x15 = -x3, -x5, -x6, -x7, -x8, -x9, -x10, -x12, -x14, -x15
         x0, x1 = _bfly(x0, x1)
         x2, x3 = _bfly(x2, x3)
         x4, x5 = _bfly(x4, x5)
@@ -129,6 +132,12 @@ def _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: 
             _fin(x4, RHT, RHT_BF16), _fin(x5, RHT, RHT_BF16), _fin(x6, RHT, RHT_BF16), _fin(x7, RHT, RHT_BF16),
             _fin(x8, RHT, RHT_BF16), _fin(x9, RHT, RHT_BF16), _fin(x10, RHT, RHT_BF16), _fin(x11, RHT, RHT_BF16),
             _fin(x12, RHT, RHT_BF16), _fin(x13, RHT, RHT_BF16), _fin(x14, RHT, RHT_BF16), _fin(x15, RHT, RHT_BF16))
+
+
+@triton.jit
+def _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT: tl.constexpr, RHT_BF16: tl.constexpr):
+    """The 16 tokens of every block g as 16 (G, BC) tensors, RHT'd along the tokens when RHT."""
+    return _rht_tokens(_raw16(x_ptr, g, c, T, C, stride_t, stride_c), RHT, RHT_BF16)
 
 
 @triton.jit
@@ -174,20 +183,65 @@ def _bf16_bits(v):
 
 
 @triton.jit
+def _row_codes(x, t, c0, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr, STORE_SDEC,
+               ROW_AMAX: tl.constexpr, FAST: tl.constexpr, G: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The row-wise (1x16 along C) codes, E4M3 scales and bf16 e2m1(q)·sf of tokens t (G,), channels c0 + [0, BC),
+    from their values x (G, BC): `_quantize_kernel`'s RNE arithmetic term for term, global scale per token
+    (`ROW_AMAX`: ramax [T]) or one for the tensor (ramax [1]); STORE_SDEC: this program writes the tokens' S_dec
+    (the tensor's is the same value from every program that writes it)."""
+    NB: tl.constexpr = BLOCK_C // 16
+    tmask = t < T
+    if ROW_AMAX:
+        amax = tl.load(ramax_ptr + t, mask=tmask, other=1.0)
+    else:
+        amax = tl.zeros([G], dtype=tl.float32) + tl.load(ramax_ptr)
+    s_enc, s_dec = _global_scales(amax)  # (G,)
+    if STORE_SDEC:
+        if ROW_AMAX:
+            tl.store(rsdec_ptr + t, s_dec, mask=tmask)
+        else:
+            tl.store(rsdec_ptr, tl.max(s_dec, axis=0))
+    bamax = tl.max(tl.reshape(tl.abs(x), [G, NB, 16]), axis=2)  # (G, NB)
+    se = tl.broadcast_to(s_enc[:, None], [G, NB])
+    sd = tl.broadcast_to(s_dec[:, None], [G, NB])
+    sf, sf_byte, enc = block_scales(bamax, se, sd, FAST)
+    v = tl.reshape(tl.reshape(x, [G, NB, 16]) * enc[:, :, None], [G, BLOCK_C])
+    mag, val = _e2m1_rne(tl.abs(v))
+    neg = v < 0.0
+    lo_n, hi_n = tl.split(tl.reshape(mag | (neg.to(tl.int32) << 3), [G, BLOCK_C // 2, 2]))
+    t64 = t.to(tl.int64)[:, None]
+    pc = (c0 // 2 + tl.arange(0, BLOCK_C // 2))[None, :]
+    tl.store(rdata_ptr + t64 * (C // 2) + pc, (lo_n | (hi_n << 4)).to(tl.uint8), mask=tmask[:, None] & (pc < C // 2))
+    bc = (c0 // 16 + tl.arange(0, NB))[None, :]
+    tl.store(rscale_ptr + t64 * (C // 16) + bc, sf_byte.to(tl.uint8), mask=tmask[:, None] & (bc < C // 16))
+    dq = tl.reshape(tl.reshape(tl.where(neg, -val, val), [G, NB, 16]) * sf[:, :, None], [G, BLOCK_C])
+    c = (c0 + tl.arange(0, BLOCK_C))[None, :]
+    tl.store(rdq_ptr + t64 * C + c, dq.to(tl.bfloat16), mask=tmask[:, None] & (c < C))
+
+
+@triton.jit
 def _quantize_cols_kernel(
     x_ptr, data_ptr, scale_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
+    rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr,
     T, C, stride_t, stride_c, seed, row0, col0,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PER_BLOCK: tl.constexpr, FAST: tl.constexpr,
     SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, RHT_BF16: tl.constexpr, EMIT_DQ: tl.constexpr,
+    ROWS: tl.constexpr, ROW_AMAX: tl.constexpr,
 ):
     # tile: G = BLOCK_T / 16 token blocks x BLOCK_C channels; each of the 16 tokens of a block is one (G, BC)
     # tensor, so the block amax, the codes of a block and their packing are elementwise across the 16 tensors
     # (no reshape, transpose or split: nothing crosses threads). Outputs are rows of xᵀ [C, T].
+    # ROWS: the same read also emits x's row-wise codes (1x16 along C, RNE) and their bf16 copy (`_row_codes`).
     G: tl.constexpr = BLOCK_T // 16
     pid_t, pid_c = tl.program_id(0), tl.program_id(1)
     g = pid_t * G + tl.arange(0, G)  # global 16-token block index (G,)
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    xs = _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT, RHT_BF16)
+    xs = _raw16(x_ptr, g, c, T, C, stride_t, stride_c)
+    if ROWS:
+        for j in tl.static_range(16):
+            _row_codes(xs[j], g * 16 + j, pid_c * BLOCK_C, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr,
+                       pid_c == 0, ROW_AMAX, FAST, G, BLOCK_C)
+    xs = _rht_tokens(xs, RHT, RHT_BF16)
     bamax = _amax16(xs)  # (G, BC)
     gmask = g < T // 16
     if PER_BLOCK:
@@ -252,7 +306,7 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
                          rounding: str = "rne", seed: int | None = None, seg_seed=None, rht: bool = False,
                          rht_dtype: str = "float32", emit_dq: bool = False, block_t: int | None = None,
                          block_c: int | None = None, four_over_six: str = "off", sr_origin: tuple[int, int] = (0, 0),
-                         check: bool = True, num_warps: int | None = None):
+                         check: bool = True, num_warps: int | None = None, rows: "_RowOutputs | None" = None):
     """x [T, C] -> (NVFP4Tensor of xᵀ [C, T] with 1×16 blocks along T, bf16 e2m1(q)·sf [C, T] or None).
     Global scale: `col_amax` [T/16] per 16-token block (returned global_scale is then empty: the caller owns
     the per-segment S_dec), else one amax for the tensor (`amax` static, or dynamic from `col_block_amax`).
@@ -280,15 +334,62 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
             amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax, check).to(dev, torch.float32).contiguous()
         sdec = torch.full((), 1.0, device=dev) / ref.global_encode_scale(amax_t)
     seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
-    tile = SR_DQ_TILE if (emit_dq or rounding == "sr") else CODES_TILE
+    tile = SR_DQ_TILE if (emit_dq or rounding == "sr") else DUAL_TILE if rows is not None else CODES_TILE
     block_t, block_c, num_warps = (v if v is not None else d for v, d in zip((block_t, block_c, num_warps), tile))
     if block_t % 16:
         raise ValueError(f"block_t must be a multiple of 16 (whole 16-token blocks), got {block_t}")
     grid = (triton.cdiv(t_len, block_t), triton.cdiv(c_len, block_c))
+    rows = _RowOutputs.none(data) if rows is None else rows
     _quantize_cols_kernel[grid](
-        x, data, scale.view(torch.uint8), dq, amax_t, seeds, index, t_len, c_len, x.stride(0), x.stride(1),
-        0 if seed is None else int(seed), row0, col0, BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None,
-        FAST=math == "fast", SR=rounding == "sr", SEG_SEED=seg_seed is not None, RHT=rht, RHT_BF16=_rht_bf16(rht_dtype),
-        EMIT_DQ=emit_dq, num_warps=num_warps)
+        x, data, scale.view(torch.uint8), dq, amax_t, seeds, index, rows.data, rows.scale.view(torch.uint8), rows.dq,
+        rows.sdec, rows.amax, t_len, c_len, x.stride(0), x.stride(1), 0 if seed is None else int(seed), row0, col0,
+        BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None, FAST=math == "fast", SR=rounding == "sr",
+        SEG_SEED=seg_seed is not None, RHT=rht, RHT_BF16=_rht_bf16(rht_dtype), EMIT_DQ=emit_dq,
+        ROWS=rows.dq is not data, ROW_AMAX=rows.sdec.dim() == 2, num_warps=num_warps)
     gs = sdec if col_amax is not None else sdec.reshape(())
     return ref.NVFP4Tensor(data=data, scale=scale, global_scale=gs), (dq if emit_dq else None)
+
+
+class _RowOutputs(NamedTuple):
+    """The row-wise outputs of a dual call (`quantize_rows_cols_triton`); `none` = dummies (ROWS off)."""
+    data: torch.Tensor
+    scale: torch.Tensor
+    dq: torch.Tensor
+    sdec: torch.Tensor
+    amax: torch.Tensor
+
+    @staticmethod
+    def none(dummy: torch.Tensor) -> "_RowOutputs":
+        return _RowOutputs(dummy, dummy, dummy, dummy, dummy)
+
+
+def quantize_rows_cols_triton(x: torch.Tensor, row_amax: torch.Tensor, *, amax=None,
+                              col_amax: torch.Tensor | None = None, math: str = "exact", rht: bool = False,
+                              rht_dtype: str = "float32", block_t: int | None = None, block_c: int | None = None,
+                              num_warps: int | None = None):
+    """One read of x [T, C] (T % 16 == 0) for both RNE operands of a forward linear: the row-wise codes of x (1×16
+    along C) with their bf16 e2m1(q)·sf — the forward GEMM's — and the codes of xᵀ (1×16 along T, RHT'd first when
+    `rht`) kept for wgrad. Row global scale: per token when `row_amax` is [T] (scale_mode "row", or the MoE's
+    per-expert scales repeated per row), else one for the tensor (`row_amax` [] or [1]). xᵀ's: `amax` (the tensor's;
+    default: the max of `row_amax`, i.e. of |x|, valid without RHT) or `col_amax` [T/16] (per 16-token block).
+    Returns ((NVFP4Tensor of x, bf16 [T, C]), NVFP4Tensor of xᵀ) — bit for bit `quantize_triton(x, emit_dq=True)`
+    with that amax and `quantize_cols_triton(x)`."""
+    t_len, c_len = x.shape
+    if c_len % 16:
+        raise ValueError(f"row-wise 1x16 blocks need C % 16 == 0, got x of shape {tuple(x.shape)}")
+    per_row = row_amax.numel() == t_len and row_amax.dim() == 1
+    if not per_row and row_amax.numel() != 1:
+        raise ValueError(f"row_amax must be [T] ({t_len}) or a scalar, got shape {tuple(row_amax.shape)}")
+    if amax is None and col_amax is None:
+        if rht:
+            raise ValueError("with rht the amax of xᵀ is the RHT'd one: pass amax= or col_amax=")
+        amax = row_amax.amax()
+    dev = x.device
+    ramax = row_amax.to(dev, torch.float32).reshape(-1).contiguous()
+    rows = _RowOutputs(torch.empty(t_len, c_len // 2, dtype=torch.uint8, device=dev),
+                       torch.empty(t_len, c_len // 16, dtype=torch.float8_e4m3fn, device=dev),
+                       torch.empty(t_len, c_len, dtype=torch.bfloat16, device=dev),
+                       torch.empty((t_len, 1) if per_row else (), dtype=torch.float32, device=dev), ramax)
+    cols, _ = quantize_cols_triton(x, amax=amax, col_amax=col_amax, math=math, rht=rht, rht_dtype=rht_dtype,
+                                   block_t=block_t, block_c=block_c, num_warps=num_warps, check=False, rows=rows)
+    return (ref.NVFP4Tensor(data=rows.data, scale=rows.scale, global_scale=rows.sdec), rows.dq), cols
