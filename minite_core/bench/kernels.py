@@ -122,7 +122,7 @@ COLS_SWEEP = [(32, 64, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 4)
 def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
     """The along-token quantizer (kernels/quantize_cols.py: x [T, C] -> codes of xᵀ, the wgrad operands) and its
     block-amax pass, against the same D2D copy: minite's saved xᵀ (static scale after the amax pass), a gradient's
-    dyᵀ (SR + the bf16 copy for the GEMM), and TE's recipe (RHT, rounded to bf16)."""
+    dyᵀ (SR + the bf16 copy for the GEMM), TE's recipe (RHT, rounded to bf16), and the fp32 expert weights' Wᵀ."""
     from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
 
     m, k = x.shape
@@ -134,16 +134,20 @@ def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
         "quantize-cols-rht-bf16-static-sr+dq": dict(amax=4.0, rht=True, rht_dtype="bfloat16", rounding="sr", seed=1,
                                                     emit_dq=True),
     }
+    x32 = x.float()  # the expert weights' Wᵀ (nn.experts._expert_weight_t): fp32 masters, RNE + the bf16 copy
+    variants["quantize-cols-fp32-static+dq"] = dict(amax=4.0, emit_dq=True)
     for name, kw in variants.items():
-        def run(kw=kw, name=name, cfg=None):
+        src = x32 if "fp32" in name else x
+
+        def run(kw=kw, name=name, cfg=None, src=src):
             tile = {} if cfg is None else dict(block_t=cfg[0], block_c=cfg[1], num_warps=cfg[2])
-            t = time_fn(lambda: quantize_cols_triton(x, check=False, **kw, **tile), reps)
+            t = time_fn(lambda: quantize_cols_triton(src, check=False, **kw, **tile), reps)
             out_bytes = m * k // 2 + m * k // 16 + (m * k * 2 if kw.get("emit_dq") else 0)
-            gbps = (m * k * 2 + out_bytes) / t[0] / 1e6  # compulsory bytes (input read once)
+            gbps = (m * k * src.element_size() + out_bytes) / t[0] / 1e6  # compulsory bytes (input read once)
             label = name if cfg is None else f"{name}-bt{cfg[0]}-bc{cfg[1]}-w{cfg[2]}"
-            rec.add(label, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps)
+            rec.add(label, f"{m}x{k} {str(src.dtype)[6:]}", t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps)
         _guard(rec, name, shape, run)
-        for cfg in COLS_SWEEP if sweep and name.endswith(("cols-static", "sr+dq")) else ():
+        for cfg in COLS_SWEEP if sweep and name.endswith(("cols-static", "sr+dq", "+dq")) else ():
             _guard(rec, name, shape, lambda cfg=cfg, run=run: run(cfg=cfg))
     for name, kw in (("col-block-amax", {}), ("col-block-amax-rht-bf16", dict(rht=True, rht_dtype="bfloat16"))):
         def amax(kw=kw, name=name, cfg=None):
