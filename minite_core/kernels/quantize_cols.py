@@ -14,6 +14,11 @@ the block amax and the packing, and each reshape, transpose and split was a trip
 H200 at Qwen3-30B-A3B shapes (4 layers, 16,384 tokens) one learner step spent 187 ms in TE-NVFP4's RHT amax and
 quantize passes and 42 ms in minite's (probe of 2026-12-02; the rewrite's numbers are in bench/NOTES.md).
 
+One read for a forward linear (`quantize_rows_cols_triton`, ROWS): the 16 token tensors a program holds are also
+x's rows, so the same pass emits x's row-wise codes (1×16 along C, RNE, global scale per token or per tensor) with
+their bf16 copy — the forward GEMM's operand — before the RHT (TE's recipe rotates only xᵀ). What it saves is the
+row quantizer's read of x and its amax pass; the arithmetic of both quantizations stays (bench/NOTES.md row 18).
+
 Numerics are `quantize_triton`'s on xᵀ, bit for bit (same helpers: `_global_scales`, `block_scales`, `_e2m1_rne`,
 `_sr_magnitude`, the reference's RHT butterfly order (its result rounded to bf16 under `rht_dtype="bfloat16"`),
 and the SR stream `uniform_grid(seed, c, t)`: one Philox call per 4 tokens, output t % 4): global scale per tensor
