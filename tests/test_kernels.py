@@ -453,7 +453,7 @@ def test_quantize_rows_cols_is_both_quantizers(per_row, rht, math, segments):
         cols_kw["col_amax"] = seg[torch.tensor([0, 1, 1, 1], device=x.device)]
     elif rht:
         cols_kw["amax"] = col_block_amax(x, **rht_kw).amax()
-    (t, dq), t_t = quantize_rows_cols_triton(x, row_arg, math=math, block_t=32, block_c=32, num_warps=4, **rht_kw,
+    (t, dq), (t_t, _) = quantize_rows_cols_triton(x, row_arg, math=math, block_t=32, block_c=32, num_warps=4, **rht_kw,
                                              **cols_kw)
     r, rdq = quantize_reference(x.cpu(), scale_mode="row" if per_row else "tensor", math=math, emit_dq=True)
     _same(t, r, dq, rdq)
@@ -471,8 +471,47 @@ def test_quantize_rows_cols_is_both_quantizers(per_row, rht, math, segments):
         if be == "reference" and segments:
             continue  # per-block xᵀ scales are Triton only
         xb = x if be == "triton" else x.cpu()
-        t2, op2, t_t2 = dispatch.quantize_rows_cols(xb, spec, row_arg.to(xb.device), backend=be, **rht_kw,
+        t2, op2, t_t2, _ = dispatch.quantize_rows_cols(xb, spec, row_arg.to(xb.device), backend=be, **rht_kw,
                                                     **{k: v.to(xb.device) for k, v in cols_kw.items()})
         _same(t2, r, op2.values_bf16, rdq)
         assert torch.equal(op2.global_scale.cpu(), r.global_scale)
         assert torch.equal(t_t2.data.cpu(), t_t.data.cpu())
+
+
+@cpu_kernels
+@pytest.mark.parametrize("rht,segments", [(False, False), (True, False), (False, True), (True, True)])
+def test_quantize_rows_cols_stochastic_rounding(rht, segments):
+    """A gradient's two operands from one read (nn backward: dgrad's dy along N, wgrad's dyᵀ along tokens with its
+    bf16 copy), each with its own SR stream: one seed each, or per expert (per-row seeds, expert-local token index)
+    — the same bits as the row quantizer and the along-token quantizer called apart."""
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton, quantize_rows_cols_triton
+
+    x = _input(64, 48, torch.float32, seed=14)
+    rht_kw = dict(rht=rht, rht_dtype="bfloat16")
+    ra = row_amax(x)
+    if segments:  # experts of 16 and 48 tokens, each with its own amax and SR streams
+        expert = torch.tensor([0] * 16 + [1] * 48, device=x.device)
+        local = torch.arange(64, device=x.device) - torch.tensor([0, 16], device=x.device)[expert]
+        row_seeds = torch.tensor([11, 2**40 + 3], device=x.device)[expert]
+        col_seeds = torch.tensor([7, 2**35 + 9], device=x.device)[expert]
+        seg_r = torch.stack([ra[:16].amax(), ra[16:].amax()])
+        bam = col_block_amax(x, **rht_kw)
+        seg_c = torch.stack([bam[:1].amax(), bam[1:].amax()])[expert[::16]]
+        row_arg, cols_kw = seg_r[expert], dict(col_amax=seg_c)
+        sr_rows = dict(row_seeds=row_seeds, seg_seed=(col_seeds, local))
+        ref_rows = dict(scale_mode="row", amax=seg_r[expert], seg_seed=(row_seeds, local))
+        ref_cols = dict(col_amax=seg_c, seg_seed=(col_seeds, local))
+    else:
+        amax_t = col_block_amax(x, **rht_kw).amax()
+        row_arg, cols_kw = ra.amax(), dict(amax=amax_t)
+        sr_rows = dict(row_seed=2**33 + 5, seed=77)
+        ref_rows = dict(seed=2**33 + 5)
+        ref_cols = dict(amax=amax_t, seed=77)
+    (t, dq), (t_t, dq_t) = quantize_rows_cols_triton(x, row_arg, rounding="sr", emit_dq=True, block_t=32, block_c=32,
+                                                     num_warps=4, **rht_kw, **cols_kw, **sr_rows)
+    r, rdq = quantize_triton(x, rounding="sr", emit_dq=True, check=False, **ref_rows)
+    r_t, rdq_t = quantize_cols_triton(x, rounding="sr", emit_dq=True, check=False, **rht_kw, **ref_cols)
+    _same(t, r, dq, rdq)
+    _same(t_t, r_t, dq_t, rdq_t)
+    if not segments:  # and the plain reference
+        _same(t, quantize_reference(x.cpu(), rounding="sr", seed=2**33 + 5)[0])

@@ -133,14 +133,14 @@ def check_dual(ck: Checker, profiles: list[str], m: int, k: int):
     for name in profiles:
         p = get_profile(name)
         act = p.activation
-        if p.grad is None or not dispatch.rows_cols_spec(act):
+        if p.grad is None or not dispatch.rows_cols_spec(act) or act.rounding != "rne":
             continue
         rht = dict(rht=p.wgrad_rht, rht_dtype=p.wgrad_rht_dtype)
 
         def dual(act=act, rht=rht):
             ra = row_amax(x)
             amax = col_block_amax(x, **rht).amax() if rht["rht"] else None
-            t, op, t_t = dispatch.quantize_rows_cols(x, act, ra if act.scale_mode == "row" else ra.amax(), amax=amax,
+            t, op, t_t, _ = dispatch.quantize_rows_cols(x, act, ra if act.scale_mode == "row" else ra.amax(), amax=amax,
                                                      **rht)
             r, rdq = quantize_reference(x.cpu(), scale_mode=act.scale_mode, math=act.math, emit_dq=True)
             r_t, _ = quantize_reference(x.t().contiguous().cpu(), math=act.math, **rht)

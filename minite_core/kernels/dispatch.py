@@ -164,33 +164,39 @@ def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: 
 
 
 def rows_cols_spec(quant: Quant | None) -> bool:
-    """Whether `quantize_rows_cols` takes this activation spec: dynamic, 1x16 blocks, RNE, no 4over6."""
-    return (quant is not None and not quant.static and tuple(quant.block) == (1, 16) and quant.rounding == "rne"
+    """Whether `quantize_rows_cols` takes this spec: dynamic, 1x16 blocks, no 4over6."""
+    return (quant is not None and not quant.static and tuple(quant.block) == (1, 16)
             and quant.four_over_six == "off")
 
 
 def quantize_rows_cols(x: torch.Tensor, quant: Quant, row_amax: torch.Tensor, *, amax=None, col_amax=None,
-                       rht: bool = False, rht_dtype: str = "float32", backend: str | None = None):
-    """Both operands of a forward linear, RNE: x along C (the forward GEMM's, with its DqOperand) and xᵀ along T
-    (kept for wgrad; RHT'd when `rht`) — from one read of x [T, C] (T % 16 == 0) on the Triton path
-    (`quantize_rows_cols_triton`), from the two quantizers on the reference. row_amax: x's amax per token [T] or
-    one []; amax / col_amax: xᵀ's (default: the max of row_amax, i.e. of |x|; col_amax [T/16] Triton only).
-    Returns (NVFP4Tensor of x, DqOperand of x, NVFP4Tensor of xᵀ)."""
+                       row_seed: int | None = None, seed: int | None = None, seg_seed=None, row_seeds=None,
+                       rht: bool = False, rht_dtype: str = "float32", emit_dq: bool = False,
+                       backend: str | None = None):
+    """Both operands a linear makes of one tensor, rounded as `quant` says: x along C (with its DqOperand: the forward
+    GEMM's, or dgrad's for a gradient) and xᵀ along T (wgrad's; RHT'd when `rht`, its bf16 copy when `emit_dq`) —
+    from one read of x [T, C] (T % 16 == 0) on the Triton path (`quantize_rows_cols_triton`), from the two quantizers
+    on the reference. row_amax: x's amax per token [T] or one []; amax / col_amax: xᵀ's (default: the max of
+    row_amax, i.e. of |x|; col_amax [T/16] Triton only). SR: row_seed / seed, or (Triton only) per row row_seeds and
+    per token seg_seed. Returns (NVFP4Tensor of x, DqOperand of x, NVFP4Tensor of xᵀ, bf16 xᵀ values or None)."""
     if not rows_cols_spec(quant):
-        raise ValueError(f"quantize_rows_cols takes a dynamic 1x16 RNE spec without 4over6, got {quant}")
+        raise ValueError(f"quantize_rows_cols takes a dynamic 1x16 spec without 4over6, got {quant}")
     per_row = row_amax.dim() == 1
     if not fast_path(x, backend):
-        t, dq = quantize_dq(x, quant, amax=row_amax, scale_mode="row" if per_row else "tensor", backend=backend,
-                            check=False)
-        amax = row_amax.amax() if amax is None and col_amax is None else amax
-        extra = {} if col_amax is None else {"col_amax": col_amax}
-        cols, _ = quantize_cols(x, quant, amax=amax, rht=rht, rht_dtype=rht_dtype, backend=backend, **extra)
-        return t, dq, cols
+        if col_amax is not None or seg_seed is not None:
+            raise NotImplementedError("per-block xᵀ scales and per-row SR streams are Triton only")
+        t, dq = quantize_dq(x, quant, amax=row_amax, seed=row_seed, scale_mode="row" if per_row else "tensor",
+                            backend=backend, check=False)
+        amax = row_amax.amax() if amax is None else amax
+        cols, cols_dq = quantize_cols(x, quant, amax=amax, seed=seed, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq,
+                                      backend=backend)
+        return t, dq, cols, cols_dq
     from minite_core.kernels.quantize_cols import quantize_rows_cols_triton
 
-    (t, dq), cols = quantize_rows_cols_triton(x, row_amax, amax=amax, col_amax=col_amax, math=quant.math, rht=rht,
-                                              rht_dtype=rht_dtype)
-    return t, DqOperand(dq, t.global_scale), cols
+    (t, dq), (cols, cols_dq) = quantize_rows_cols_triton(
+        x, row_amax, amax=amax, col_amax=col_amax, math=quant.math, rounding=quant.rounding, row_seed=row_seed,
+        seed=seed, seg_seed=seg_seed, row_seeds=row_seeds, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq)
+    return t, DqOperand(dq, t.global_scale), cols, cols_dq
 
 
 def as_dq(op) -> DqOperand:

@@ -42,6 +42,7 @@ from minite_core.kernels.quantize import (
     _sr_magnitude,
     _sr_origin,
     _to_uniform,
+    _uniforms,
     block_scales,
 )
 
@@ -188,11 +189,13 @@ def _bf16_bits(v):
 
 
 @triton.jit
-def _row_codes(x, t, c0, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr, STORE_SDEC,
-               ROW_AMAX: tl.constexpr, FAST: tl.constexpr, G: tl.constexpr, BLOCK_C: tl.constexpr):
+def _row_codes(x, t, c0, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr, rseed_ptr, index_ptr, rseed,
+               STORE_SDEC, ROW_AMAX: tl.constexpr, FAST: tl.constexpr, SR: tl.constexpr, SEG_SEED: tl.constexpr,
+               G: tl.constexpr, BLOCK_C: tl.constexpr):
     """The row-wise (1x16 along C) codes, E4M3 scales and bf16 e2m1(q)·sf of tokens t (G,), channels c0 + [0, BC),
-    from their values x (G, BC): `_quantize_kernel`'s RNE arithmetic term for term, global scale per token
-    (`ROW_AMAX`: ramax [T]) or one for the tensor (ramax [1]); STORE_SDEC: this program writes the tokens' S_dec
+    from their values x (G, BC): `_quantize_kernel`'s arithmetic term for term, global scale per token
+    (`ROW_AMAX`: ramax [T]) or one for the tensor (ramax [1]); SR draws `_quantize_kernel`'s stream (seed `rseed`, or
+    per token `rseed_ptr` with the expert-local index `index_ptr`); STORE_SDEC: this program writes the tokens' S_dec
     (the tensor's is the same value from every program that writes it)."""
     NB: tl.constexpr = BLOCK_C // 16
     tmask = t < T
@@ -211,7 +214,18 @@ def _row_codes(x, t, c0, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_
     sd = tl.broadcast_to(s_dec[:, None], [G, NB])
     sf, sf_byte, enc = block_scales(bamax, se, sd, FAST)
     v = tl.reshape(tl.reshape(x, [G, NB, 16]) * enc[:, :, None], [G, BLOCK_C])
-    mag, val = _e2m1_rne(tl.abs(v))
+    if SR:  # one Philox call per 4 columns at counter (row << 32) + column // 4
+        c4 = c0 + tl.arange(0, BLOCK_C // 4) * 4
+        if SEG_SEED:
+            seed_r = tl.load(rseed_ptr + t, mask=tmask, other=0)[:, None]
+            ctr_row = tl.load(index_ptr + t, mask=tmask, other=0).to(tl.int64)[:, None] << 32
+        else:
+            seed_r = rseed
+            ctr_row = t.to(tl.int64)[:, None] << 32
+        mag = _sr_magnitude(tl.abs(v), _uniforms(seed_r, ctr_row + (c4.to(tl.int64) >> 2)[None, :], G, BLOCK_C))
+        val = _e2m1_mag(mag)
+    else:
+        mag, val = _e2m1_rne(tl.abs(v))
     neg = v < 0.0
     lo_n, hi_n = tl.split(tl.reshape(mag | (neg.to(tl.int32) << 3), [G, BLOCK_C // 2, 2]))
     t64 = t.to(tl.int64)[:, None]
@@ -227,16 +241,16 @@ def _row_codes(x, t, c0, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_
 @triton.jit
 def _quantize_cols_kernel(
     x_ptr, data_ptr, scale_ptr, dq_ptr, amax_ptr, seed_ptr, index_ptr,
-    rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr,
-    T, C, stride_t, stride_c, seed, row0, col0,
+    rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr, rseed_ptr,
+    T, C, stride_t, stride_c, seed, row0, col0, rseed,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PER_BLOCK: tl.constexpr, FAST: tl.constexpr,
     SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, RHT_BF16: tl.constexpr, EMIT_DQ: tl.constexpr,
-    ROWS: tl.constexpr, ROW_AMAX: tl.constexpr,
+    ROWS: tl.constexpr, ROW_AMAX: tl.constexpr, ROW_SR: tl.constexpr,
 ):
     # tile: G = BLOCK_T / 16 token blocks x BLOCK_C channels; each of the 16 tokens of a block is one (G, BC)
     # tensor, so the block amax, the codes of a block and their packing are elementwise across the 16 tensors
     # (no reshape, transpose or split: nothing crosses threads). Outputs are rows of xᵀ [C, T].
-    # ROWS: the same read also emits x's row-wise codes (1x16 along C, RNE) and their bf16 copy (`_row_codes`).
+    # ROWS: the same read also emits x's row-wise codes (1x16 along C) and their bf16 copy (`_row_codes`).
     G: tl.constexpr = BLOCK_T // 16
     pid_t, pid_c = tl.program_id(0), tl.program_id(1)
     g = pid_t * G + tl.arange(0, G)  # global 16-token block index (G,)
@@ -245,7 +259,7 @@ def _quantize_cols_kernel(
     if ROWS:
         for j in tl.static_range(16):
             _row_codes(xs[j], g * 16 + j, pid_c * BLOCK_C, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_ptr,
-                       pid_c == 0, ROW_AMAX, FAST, G, BLOCK_C)
+                       rseed_ptr, index_ptr, rseed, pid_c == 0, ROW_AMAX, FAST, ROW_SR, SEG_SEED, G, BLOCK_C)
     xs = _rht_tokens(xs, RHT, RHT_BF16)
     bamax = _amax16(xs)  # (G, BC)
     gmask = g < T // 16
@@ -347,54 +361,68 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
     rows = _RowOutputs.none(data) if rows is None else rows
     _quantize_cols_kernel[grid](
         x, data, scale.view(torch.uint8), dq, amax_t, seeds, index, rows.data, rows.scale.view(torch.uint8), rows.dq,
-        rows.sdec, rows.amax, t_len, c_len, x.stride(0), x.stride(1), 0 if seed is None else int(seed), row0, col0,
-        BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None, FAST=math == "fast", SR=rounding == "sr",
-        SEG_SEED=seg_seed is not None, RHT=rht, RHT_BF16=_rht_bf16(rht_dtype), EMIT_DQ=emit_dq,
-        ROWS=rows.dq is not data, ROW_AMAX=rows.sdec.dim() == 2, num_warps=num_warps)
+        rows.sdec, rows.amax, rows.seeds, t_len, c_len, x.stride(0), x.stride(1), 0 if seed is None else int(seed),
+        row0, col0, rows.seed, BLOCK_T=block_t, BLOCK_C=block_c, PER_BLOCK=col_amax is not None, FAST=math == "fast",
+        SR=rounding == "sr", SEG_SEED=seg_seed is not None, RHT=rht, RHT_BF16=_rht_bf16(rht_dtype), EMIT_DQ=emit_dq,
+        ROWS=rows.dq is not data, ROW_AMAX=rows.sdec.dim() == 2, ROW_SR=rows.sr, num_warps=num_warps)
     gs = sdec if col_amax is not None else sdec.reshape(())
     return ref.NVFP4Tensor(data=data, scale=scale, global_scale=gs), (dq if emit_dq else None)
 
 
 class _RowOutputs(NamedTuple):
-    """The row-wise outputs of a dual call (`quantize_rows_cols_triton`); `none` = dummies (ROWS off)."""
+    """The row-wise outputs and inputs of a one-read call (`quantize_rows_cols_triton`); `none` = dummies (ROWS off).
+    sr: stochastic rounding with `seed`, or per row with `seeds` (the per-token index is the along-token seg_seed's)."""
     data: torch.Tensor
     scale: torch.Tensor
     dq: torch.Tensor
     sdec: torch.Tensor
     amax: torch.Tensor
+    seeds: torch.Tensor
+    seed: int = 0
+    sr: bool = False
 
     @staticmethod
     def none(dummy: torch.Tensor) -> "_RowOutputs":
-        return _RowOutputs(dummy, dummy, dummy, dummy, dummy)
+        return _RowOutputs(dummy, dummy, dummy, dummy, dummy, dummy)
 
 
 def quantize_rows_cols_triton(x: torch.Tensor, row_amax: torch.Tensor, *, amax=None,
-                              col_amax: torch.Tensor | None = None, math: str = "exact", rht: bool = False,
-                              rht_dtype: str = "float32", block_t: int | None = None, block_c: int | None = None,
+                              col_amax: torch.Tensor | None = None, math: str = "exact", rounding: str = "rne",
+                              row_seed: int | None = None, seed: int | None = None,
+                              seg_seed: tuple[torch.Tensor, torch.Tensor] | None = None,
+                              row_seeds: torch.Tensor | None = None, rht: bool = False, rht_dtype: str = "float32",
+                              emit_dq: bool = False, block_t: int | None = None, block_c: int | None = None,
                               num_warps: int | None = None):
-    """One read of x [T, C] (T % 16 == 0) for both RNE operands of a forward linear: the row-wise codes of x (1×16
-    along C) with their bf16 e2m1(q)·sf — the forward GEMM's — and the codes of xᵀ (1×16 along T, RHT'd first when
-    `rht`) kept for wgrad. Row global scale: per token when `row_amax` is [T] (scale_mode "row", or the MoE's
-    per-expert scales repeated per row), else one for the tensor (`row_amax` [] or [1]). xᵀ's: `amax` (the tensor's;
-    default: the max of `row_amax`, i.e. of |x|, valid without RHT) or `col_amax` [T/16] (per 16-token block).
-    Returns ((NVFP4Tensor of x, bf16 [T, C]), NVFP4Tensor of xᵀ) — bit for bit `quantize_triton(x, emit_dq=True)`
-    with that amax and `quantize_cols_triton(x)`."""
+    """One read of x [T, C] (T % 16 == 0) for a linear's two operands of x: the row-wise codes of x (1×16 along C)
+    with their bf16 e2m1(q)·sf — the forward GEMM's (dgrad's, for a gradient) — and the codes of xᵀ (1×16 along T,
+    RHT'd first when `rht`) for wgrad, with their bf16 copy when `emit_dq`. Row global scale: per token when
+    `row_amax` is [T] (scale_mode "row", or the MoE's per-expert scales repeated per row), else one for the tensor
+    (`row_amax` [] or [1]). xᵀ's: `amax` (the tensor's; default: the max of `row_amax`, i.e. of |x|, valid without
+    RHT) or `col_amax` [T/16] (per 16-token block). rounding="sr": the rows draw `row_seed` (or per row `row_seeds`,
+    with seg_seed's per-token index), xᵀ draws `seed` (or `seg_seed`), each as its own quantizer would.
+    Returns ((NVFP4Tensor of x, bf16 [T, C]), (NVFP4Tensor of xᵀ, bf16 [C, T] or None)) — bit for bit
+    `quantize_triton(x, emit_dq=True)` with that amax and seed, and `quantize_cols_triton(x)`."""
     t_len, c_len = x.shape
     if c_len % 16:
         raise ValueError(f"row-wise 1x16 blocks need C % 16 == 0, got x of shape {tuple(x.shape)}")
     per_row = row_amax.numel() == t_len and row_amax.dim() == 1
     if not per_row and row_amax.numel() != 1:
         raise ValueError(f"row_amax must be [T] ({t_len}) or a scalar, got shape {tuple(row_amax.shape)}")
+    sr = rounding == "sr"
+    if sr and (row_seed is None) == (row_seeds is None or seg_seed is None):
+        raise ValueError("rounding='sr' needs the rows' seed: row_seed, or row_seeds with seg_seed (per row)")
     if amax is None and col_amax is None:
         if rht:
             raise ValueError("with rht the amax of xᵀ is the RHT'd one: pass amax= or col_amax=")
         amax = row_amax.amax()
     dev = x.device
     ramax = row_amax.to(dev, torch.float32).reshape(-1).contiguous()
-    rows = _RowOutputs(torch.empty(t_len, c_len // 2, dtype=torch.uint8, device=dev),
-                       torch.empty(t_len, c_len // 16, dtype=torch.float8_e4m3fn, device=dev),
+    data = torch.empty(t_len, c_len // 2, dtype=torch.uint8, device=dev)
+    rows = _RowOutputs(data, torch.empty(t_len, c_len // 16, dtype=torch.float8_e4m3fn, device=dev),
                        torch.empty(t_len, c_len, dtype=torch.bfloat16, device=dev),
-                       torch.empty((t_len, 1) if per_row else (), dtype=torch.float32, device=dev), ramax)
-    cols, _ = quantize_cols_triton(x, amax=amax, col_amax=col_amax, math=math, rht=rht, rht_dtype=rht_dtype,
-                                   block_t=block_t, block_c=block_c, num_warps=num_warps, check=False, rows=rows)
+                       torch.empty((t_len, 1) if per_row else (), dtype=torch.float32, device=dev), ramax,
+                       data if row_seeds is None else row_seeds, 0 if row_seed is None else int(row_seed), sr)
+    cols = quantize_cols_triton(x, amax=amax, col_amax=col_amax, math=math, rounding=rounding, seed=seed,
+                                seg_seed=seg_seed, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, block_t=block_t,
+                                block_c=block_c, num_warps=num_warps, check=False, rows=rows)
     return (ref.NVFP4Tensor(data=rows.data, scale=rows.scale, global_scale=rows.sdec), rows.dq), cols
