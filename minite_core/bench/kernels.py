@@ -165,10 +165,11 @@ DUAL_SWEEP = [(64, 128, 8), (32, 128, 4), (64, 64, 4), (32, 64, 4), (128, 64, 8)
 
 
 def bench_quantize_dual(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
-    """A forward linear's two operands from one read of x (`quantize_rows_cols_triton`: row codes + bf16 copy for
-    the GEMM, xᵀ codes kept for wgrad), amax passes included, as minite (per-token rows) and TE's recipe (per-tensor
-    rows, RHT'd xᵀ) run them — against the D2D copy, with the two separate quantizers it replaces timed beside it
-    (`separate_ms`: row quantizer + xᵀ amax pass + along-token quantizer)."""
+    """A linear's two operands of one tensor from one read (`quantize_rows_cols_triton`), amax passes included: the
+    forward's x (row codes + bf16 copy for the GEMM, xᵀ codes kept for wgrad) as minite (per-token rows) and TE's
+    recipe (per-tensor rows, RHT'd xᵀ) run it, and a gradient dy (SR both ways, both bf16 copies) — against the D2D
+    copy, with the separate quantizers it replaces timed beside it (`separate_ms`: row quantizer + xᵀ amax pass +
+    along-token quantizer)."""
     from minite_core.kernels.quantize import quantize_triton, row_amax
     from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton, quantize_rows_cols_triton
 
@@ -191,9 +192,18 @@ def bench_quantize_dual(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
         quantize_triton(x, emit_dq=True, check=False)
         quantize_cols_triton(x, amax=col_block_amax(x, **rht).amax(), check=False, **rht)
 
-    out_bytes = 2 * (m * k // 2 + m * k // 16) + m * k * 2
+    def grad(tile):  # a gradient (both recipes without the RHT): SR each way, both bf16 copies
+        return quantize_rows_cols_triton(x, row_amax(x).amax(), rounding="sr", row_seed=1, seed=2, emit_dq=True,
+                                         **tile)
+
+    def grad_separate():
+        quantize_triton(x, rounding="sr", seed=1, emit_dq=True, check=False)
+        quantize_cols_triton(x, amax=col_block_amax(x).amax(), rounding="sr", seed=2, emit_dq=True, check=False)
+
     for name, dual, separate in (("quantize-dual-row+cols", minite, minite_separate),
-                                 ("quantize-dual-tensor+cols-rht-bf16", te, te_separate)):
+                                 ("quantize-dual-tensor+cols-rht-bf16", te, te_separate),
+                                 ("quantize-dual-grad-sr+dq", grad, grad_separate)):
+        out_bytes = 2 * (m * k // 2 + m * k // 16) + m * k * 2 * (2 if name.endswith("+dq") else 1)
         t_sep = time_fn(separate, reps)
         for cfg in [None] + (DUAL_SWEEP if sweep else []):
             tile = {} if cfg is None else dict(block_t=cfg[0], block_c=cfg[1], num_warps=cfg[2])
