@@ -207,9 +207,9 @@ def test_expert_weight_t_in_place_equals_the_transposed_copy(math, backend):
 @pytest.mark.parametrize("profile", ["minite", "te-nvfp4"])
 def test_one_read_forward_quantization_is_the_two_quantizers(profile, backend, monkeypatch):
     """On the fast path every NVFP4 linear and expert GEMM quantizes its input x once for both the forward operand
-    and the saved xᵀ (dispatch.quantize_rows_cols; no along-token quantization in the forward) — and its gradient dy
-    once for dgrad and wgrad — and one step's loss and gradients are bitwise those of the separate quantizers
-    (`_one_read` off)."""
+    and the saved xᵀ (dispatch.quantize_rows_cols; no along-token quantization in the forward) — its gradient dy
+    twice (one read with SR measured slower) — and one step's loss and gradients are bitwise those of the separate
+    quantizers (`_one_read` off)."""
     import importlib
 
     from minite_core.nn import experts
@@ -232,10 +232,10 @@ def test_one_read_forward_quantization_is_the_two_quantizers(profile, backend, m
     inputs = len(gemms) - sum(len(g) - 1 for g in groups.values())  # q/k/v (and gate/up) read one input
     logits = model(ids[:, :-1])
     assert calls == {"quantize_rows_cols": inputs, "quantize_cols": 0}, (calls, inputs)
-    logits.float().logsumexp(-1).mean().backward()  # every GEMM's dy: once for dgrad and wgrad
+    logits.float().logsumexp(-1).mean().backward()  # every GEMM's dyᵀ: the along-token quantizer
     # dgrad's expert Wᵀ: the along-token kernel on W for 1x16 weight blocks (16x16 tiles transpose W)
     experts_t = sum(isinstance(m, GroupedLinear) for m in gemms) * (tuple(get_profile(profile).weight.block) == (1, 16))
-    assert calls == {"quantize_rows_cols": inputs + len(gemms), "quantize_cols": experts_t}, (calls, len(gemms))
+    assert calls == {"quantize_rows_cols": inputs, "quantize_cols": len(gemms) + experts_t}, (calls, len(gemms))
     monkeypatch.undo()
     one = _step(model, ids, profile, "triton", backend)
     monkeypatch.setattr(linear_mod, "_one_read", lambda *a: False)

@@ -76,7 +76,7 @@ def _guard(rec, op, shape, fn):
         rec.error(op, shape, exc)
 
 
-def bench_quantize(rec, m=16384, k=4096, reps=30):
+def bench_quantize(rec, m=16384, k=4096, reps=30, sweep=False):
     from minite_core.kernels.quantize import quantize_triton
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -105,8 +105,10 @@ def bench_quantize(rec, m=16384, k=4096, reps=30):
             rec.add(name, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps,
                     moved_gbps=(in_bytes + out_bytes) / t[0] / 1e6)
         _guard(rec, name, shape, run)
-    bench_quantize_cols(rec, x, t_copy, copy_gbps, reps)
-    bench_quantize_dual(rec, x, t_copy, copy_gbps, reps)
+    bench_quantize_cols(rec, x, t_copy, copy_gbps, reps, sweep)
+    bench_quantize_dual(rec, x, t_copy, copy_gbps, reps, sweep)
+    if not sweep:
+        return
     # tile sweep for the default (1x16 row dynamic): BLOCK_M, BLOCK_K, num_warps
     for bm, bk, nw in [(16, 256, 4), (8, 256, 4), (16, 512, 8), (32, 256, 8), (16, 128, 4), (4, 512, 4)]:
         nm = f"quantize-tile-bm{bm}-bk{bk}-w{nw}"
@@ -119,7 +121,7 @@ COLS_SWEEP = [(32, 64, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8), (128, 64, 4)
               (32, 128, 4)]  # (BLOCK_T, BLOCK_C, num_warps)
 
 
-def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
+def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=False):
     """The along-token quantizer (kernels/quantize_cols.py: x [T, C] -> codes of xᵀ, the wgrad operands) and its
     block-amax pass, against the same D2D copy: minite's saved xᵀ (static scale after the amax pass), a gradient's
     dyᵀ (SR + the bf16 copy for the GEMM), TE's recipe (RHT, rounded to bf16), and the fp32 expert weights' Wᵀ."""
@@ -164,7 +166,7 @@ def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
 DUAL_SWEEP = [(64, 128, 8), (32, 128, 4), (64, 64, 4), (32, 64, 4), (128, 64, 8), (64, 256, 8)]
 
 
-def bench_quantize_dual(rec, x, t_copy, copy_gbps, reps=30, sweep=True):
+def bench_quantize_dual(rec, x, t_copy, copy_gbps, reps=30, sweep=False):
     """A linear's two operands of one tensor from one read (`quantize_rows_cols_triton`), amax passes included: the
     forward's x (row codes + bf16 copy for the GEMM, xᵀ codes kept for wgrad) as minite (per-token rows) and TE's
     recipe (per-tensor rows, RHT'd xᵀ) run it, and a gradient dy (SR both ways, both bf16 copies) — against the D2D
@@ -408,7 +410,7 @@ def main(argv=None):
     rec = Recorder()
     torch.manual_seed(0)
     if "quantize" in only:
-        bench_quantize(rec, *((1024, 1024) if args.quick else (16384, 4096)))
+        bench_quantize(rec, *((1024, 1024) if args.quick else (16384, 4096)), sweep=args.sweep)
     if "linear" in only:
         bench_linear(rec, 16384, 4096, 4096, sweep=args.sweep)
         if not args.quick:

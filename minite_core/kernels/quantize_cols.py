@@ -51,7 +51,10 @@ from minite_core.kernels.quantize import (
 # saved xᵀ) (64, 128, 8) 0.257 ms (0.26-0.42 elsewhere); SR + the bf16 copy (dyᵀ) (32, 64, 4) 0.474 ms, with TE's
 # RHT 0.539 ms (0.55-0.90 elsewhere: the Philox draws and the dq words want more programs, fewer registers each).
 AMAX_TILE, CODES_TILE, SR_DQ_TILE = (64, 64, 4), (64, 128, 8), (32, 64, 4)
-DUAL_TILE = (64, 128, 8)  # the codes of x and xᵀ from one read (quantize_rows_cols_triton): not yet swept
+# One read for x and xᵀ (quantize_rows_cols_triton, bench/NOTES.md row 18; H200 sweep at 16384x4096 incl. the amax
+# pass, separate quantizers 0.73 ms): minite's per-token rows (64, 256, 8) 0.53 ms (0.59-0.95 elsewhere); TE's
+# RHT'd xᵀ (64, 64, 4) 0.66 ms (0.73-1.22 elsewhere: the butterfly wants fewer channels per program).
+DUAL_TILE, DUAL_RHT_TILE = (64, 256, 8), (64, 64, 4)
 
 
 @triton.jit
@@ -353,7 +356,8 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
             amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax, check).to(dev, torch.float32).contiguous()
         sdec = torch.full((), 1.0, device=dev) / ref.global_encode_scale(amax_t)
     seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
-    tile = SR_DQ_TILE if (emit_dq or rounding == "sr") else DUAL_TILE if rows is not None else CODES_TILE
+    tile = (SR_DQ_TILE if (emit_dq or rounding == "sr") else CODES_TILE if rows is None
+            else DUAL_RHT_TILE if rht else DUAL_TILE)
     block_t, block_c, num_warps = (v if v is not None else d for v, d in zip((block_t, block_c, num_warps), tile))
     if block_t % 16:
         raise ValueError(f"block_t must be a multiple of 16 (whole 16-token blocks), got {block_t}")

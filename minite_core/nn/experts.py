@@ -243,17 +243,16 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     return t, dq, s_dec
 
 
-def _one_read(profile: Profile, spec: Quant | None) -> bool:
-    """Whether a tensor's row-wise operand and its xᵀ come from one read (`_quantize_both`; nn.linear's rule)."""
-    return profile.grad is not None and dispatch.rows_cols_spec(spec)
+def _one_read(profile: Profile) -> bool:
+    """Whether x's forward operand and its saved xᵀ come from one read (`_quantize_both`; nn.linear's rule)."""
+    act = profile.activation
+    return profile.grad is not None and dispatch.rows_cols_spec(act) and act.rounding == "rne"
 
 
-def _quantize_both(x, spec: Quant, profile: Profile, layout: MoELayout, *, emit_dq: bool = False, row_seeds=None,
-                   col_seeds=None):
-    """x (Tp, C) -> (its row-wise GEMM operand, (NVFP4Tensor of xᵀ, its bf16 values or None, S_dec per expert)):
-    the amaxes first (|x| per token; per expert; xᵀ's after the RHT when TE's recipe rotates it), then one read of x
-    for both codes (dispatch.quantize_rows_cols) — bit for bit `_quantize_rows` and `_quantize_cols`. A gradient's
-    SR draws per-expert streams: row_seeds (dgrad) and col_seeds (wgrad), (E,) each."""
+def _quantize_both(x, spec: Quant, profile: Profile, layout: MoELayout):
+    """x (Tp, C) -> (its forward GEMM operand, (NVFP4Tensor of xᵀ, S_dec per expert)): the amaxes first (|x| per
+    token; per expert; xᵀ's after the RHT when TE's recipe rotates it), then one read of x for both codes
+    (dispatch.quantize_rows_cols) — bit for bit `_quantize_rows` and `_quantize_cols`."""
     from minite_core.kernels.quantize import row_amax
     from minite_core.kernels.quantize_cols import col_block_amax
 
@@ -265,13 +264,10 @@ def _quantize_both(x, spec: Quant, profile: Profile, layout: MoELayout, *, emit_
         seg_t = _segment_amax(col_block_amax(x, rht=True, rht_dtype=profile.wgrad_rht_dtype), block_expert, E)
     else:
         seg_t = seg
-    sr = {}
-    if spec.rounding == "sr":
-        sr = dict(row_seeds=row_seeds[layout.row_expert], seg_seed=(col_seeds[layout.row_expert], layout.row_local))
-    _, x_op, x_t, x_t_bf16 = dispatch.quantize_rows_cols(
+    _, x_op, x_t, _ = dispatch.quantize_rows_cols(
         x, spec, token_amax if spec.scale_mode == "row" else seg[layout.row_expert], col_amax=seg_t[block_expert],
-        rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype, emit_dq=emit_dq, **sr)
-    return x_op, (x_t, x_t_bf16, torch.full_like(seg_t, 1.0) / global_encode_scale(seg_t))
+        rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
+    return x_op, (x_t, torch.full_like(seg_t, 1.0) / global_encode_scale(seg_t))
 
 
 def _block_expert(layout: MoELayout) -> torch.Tensor:
@@ -297,8 +293,8 @@ class _GroupedNVFP4(torch.autograd.Function):
                 schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
             if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
-            elif wgrad and profile.activation.rounding == "rne" and _one_read(profile, profile.activation):
-                x_op, (x_t, _, s_xt) = _quantize_both(x.detach(), profile.activation, profile, layout)
+            elif wgrad and _one_read(profile):
+                x_op, (x_t, s_xt) = _quantize_both(x.detach(), profile.activation, profile, layout)
                 saved = (x_t.data, x_t.scale, s_xt)
             else:
                 _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
@@ -326,20 +322,14 @@ class _GroupedNVFP4(torch.autograd.Function):
         seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
         dy = dy.contiguous()
         dx = dw = None
-        dy_op = dyt_bf16 = None
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and _one_read(profile, profile.grad):
-            dy_op, (_, dyt_bf16, s_dyt) = _quantize_both(dy, profile.grad, profile, layout, emit_dq=True,
-                                                         row_seeds=dgrad_seed(seeds), col_seeds=wgrad_seed(seeds))
+        # dy: two quantizers (one read with SR measured slower on the H200, as in nn.linear)
         if ctx.needs_input_grad[0]:
-            if dy_op is None:
-                _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
+            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
             dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
         if ctx.needs_input_grad[1]:
-            if dyt_bf16 is None:
-                _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
-                                                    rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds),
-                                                    emit_dq=True)
+            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
+                                                rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds), emit_dq=True)
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
             dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)

@@ -235,32 +235,32 @@ def _input_quant(group) -> _InputQuant | None:
     return group[0].__dict__.setdefault("_input_quant", _InputQuant())
 
 
-def _one_read(x: torch.Tensor, profile: Profile, shard, spec: Quant | None) -> bool:
-    """Whether a tensor's row-wise operand and its along-token xᵀ come from one read (`_quantize_both`): the Triton
-    path, a dynamic 1x16 spec, xᵀ with one global scale, one process."""
+def _one_read(x: torch.Tensor, profile: Profile, shard) -> bool:
+    """Whether the forward operand of x and the saved xᵀ come from one read (`_quantize_both`): the Triton path, a
+    dynamic 1x16 RNE activation spec, xᵀ with one global scale, one process."""
+    act = profile.activation
     return (shard is None and profile.grad is not None and profile.wgrad_input_scale_mode == "tensor"
-            and dispatch.rows_cols_spec(spec) and dispatch.fast_path(x))
+            and dispatch.rows_cols_spec(act) and act.rounding == "rne" and dispatch.fast_path(x))
 
 
-def _quantize_both(x: torch.Tensor, spec: Quant, profile: Profile, **sr):
-    """x [M, K] -> (its row-wise GEMM operand, NVFP4Tensor of xᵀ along tokens, xᵀ's bf16 values or None) from one
-    read of x (dispatch.quantize_rows_cols), bit for bit the two separate quantizations: the amaxes first (|x| per
-    token; xᵀ's after the RHT when TE's recipe rotates it), then one pass for both codes. Tokens are zero-padded to
-    a multiple of 16 (`_pad_tokens`). sr: a gradient's `row_seed` (dgrad) and `seed` (wgrad) with `emit_dq`."""
+def _quantize_both(x: torch.Tensor, profile: Profile):
+    """(forward GEMM operand of x, NVFP4Tensor of xᵀ along tokens) from one read of x (dispatch.quantize_rows_cols),
+    bit for bit the two separate quantizations: the amaxes first (|x| per token; xᵀ's after the RHT when TE's
+    recipe rotates it), then one pass for both codes. Tokens are zero-padded to a multiple of 16 (`_pad_tokens`)."""
     from minite_core.kernels.quantize import row_amax  # Triton kernels: imported on the fast path only
     from minite_core.kernels.quantize_cols import col_block_amax
 
-    m = x.shape[0]
+    act, m = profile.activation, x.shape[0]
     x_p = _pad_tokens(x)
     token_amax = row_amax(x_p)
     rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
     amax_t = col_block_amax(x_p, **rht).amax() if profile.wgrad_rht else None
-    _, x_op, x_t, x_t_bf16 = dispatch.quantize_rows_cols(
-        x_p, spec, token_amax if spec.scale_mode == "row" else token_amax.amax(), amax=amax_t, **rht, **sr)
+    _, x_op, x_t, _ = dispatch.quantize_rows_cols(
+        x_p, act, token_amax if act.scale_mode == "row" else token_amax.amax(), amax=amax_t, **rht)
     if x_p.shape[0] != m:  # drop the pad rows of the row-wise operand
         sdec = x_op.global_scale
         x_op = dispatch.DqOperand(x_op.values_bf16[:m], sdec[:m] if sdec.dim() else sdec)
-    return x_op, x_t, x_t_bf16
+    return x_op, x_t
 
 
 class _NVFP4Linear(torch.autograd.Function):
@@ -306,11 +306,9 @@ class _NVFP4Linear(torch.autograd.Function):
             if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
                 y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
                                   x.dtype)
-            elif wgrad and profile.activation.rounding == "rne" and _one_read(x, profile, shard, profile.activation):
-                # both operands of x from one read (module docstring)
-                x_op, x_t_q, _ = shared.get(x, ("dual", profile.activation, profile.wgrad_rht,
-                                                profile.wgrad_rht_dtype),
-                                            lambda: _quantize_both(x.detach(), profile.activation, profile))
+            elif wgrad and _one_read(x, profile, shard):  # both operands of x from one read (module docstring)
+                x_op, x_t_q = shared.get(x, ("dual", profile.activation, profile.wgrad_rht, profile.wgrad_rht_dtype),
+                                         lambda: _quantize_both(x.detach(), profile))
                 y = gemm_nt(x_op, w_q, x.dtype, profile.batch_invariant)
             else:
                 x_op = shared.get(x, ("dq", profile.activation, id(amax)),
@@ -347,29 +345,23 @@ class _NVFP4Linear(torch.autograd.Function):
         dy = dy.float()
         dx = dw = None
         te_ref = profile.w4a4_gemm == "te-ref"  # TE's reference GEMM (profiles.py): packed operands + amaxes
-        dy_q = dy_t = None
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and not te_ref and _one_read(dy, profile, shard,
-                                                                                             profile.grad):
-            dy_q, dy_t, dy_t_bf16 = _quantize_both(dy, profile.grad, profile, row_seed=dgrad_seed(seed),
-                                                   seed=wgrad_seed(seed), emit_dq=True)  # (M, N), dyᵀ (N, M')
+        # dy's two operands come from two quantizers: one read for both (`_quantize_both` with SR) measured 0.6-0.8x
+        # their speed on the H200 (bench/NOTES.md row 18)
         if ctx.needs_input_grad[0]:
-            if dy_q is None:
-                dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=not te_ref,
-                          amax=_shard_amax(dy, shard, profile.grad),
-                          sr_origin=None if shard is None else (shard.offset, 0))  # (M, N) along N
+            dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=not te_ref, amax=_shard_amax(dy, shard, profile.grad),
+                      sr_origin=None if shard is None else (shard.offset, 0))  # (M, N) along N
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused,
                                     packed=te_ref)  # (K, N) along N
             dx = (gemm_te_reference(dy_q, w_t_q, _te_amax(dy), _te_amax(weight),
                                     (_e4m3_bound(profile.grad), _e4m3_bound(profile.weight)), ctx.x_dtype)
                   if te_ref else gemm_nt(dy_q, w_t_q, ctx.x_dtype))
         if ctx.needs_input_grad[1]:
+            dy_p = _pad_tokens(dy)
+            origin = {} if shard is None else {"sr_origin": (0, shard.offset)}
             rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
-            if dy_t is None:  # (always so under te-ref, which reads dy_p below)
-                dy_p = _pad_tokens(dy)
-                origin = {} if shard is None else {"sr_origin": (0, shard.offset)}
-                dy_t, dy_t_bf16 = dispatch.quantize_cols(
-                    dy_p, profile.grad, seed=wgrad_seed(seed), emit_dq=True, amax=_shard_amax(dy_p.t(), shard, **rht),
-                    **rht, **origin)  # dyᵀ (N, M')
+            dy_t, dy_t_bf16 = dispatch.quantize_cols(
+                dy_p, profile.grad, seed=wgrad_seed(seed), emit_dq=True, amax=_shard_amax(dy_p.t(), shard, **rht),
+                **rht, **origin)  # dyᵀ (N, M')
             dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts[:3])
             if te_ref:
