@@ -12,8 +12,7 @@ Two implementations:
   `torch._grouped_mm` (forward, dgrad, and wgrad as a K-grouped 2D x 2D product), the weight cast to bf16 once
   per weight version — the BF16 MoE as torchtitan/Megatron users run it. NVFP4 goes through the grouped Triton
   kernels (`kernels.grouped`) with the quantizers of `kernels.quantize`: forward = x quantized along K (per-token
-  scales, or per-expert amaxes broadcast to rows) x the cached per-expert weight operand — one read of x also
-  emits the saved xᵀ codes (`_quantize_both`); dgrad = dy quantized
+  scales, or per-expert amaxes broadcast to rows) x the cached per-expert weight operand; dgrad = dy quantized
   along N with per-expert SR streams x the cached Wᵀ operand; wgrad = dyᵀ and the saved packed xᵀ (quantized
   along tokens per expert, RHT first under TE's recipe) in a K-grouped GEMM. Codes and scales equal the
   reference's bit for bit; GEMM outputs agree to fp32 accumulation order. An expert-parallel rank's slice
@@ -234,7 +233,9 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     expert (E,))."""
     from minite_core.kernels.quantize_cols import col_block_amax
 
-    block_expert = _block_expert(layout)
+    block_expert = layout.cache.get("block_expert")
+    if block_expert is None:
+        block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
     seg = _segment_amax(col_block_amax(x, rht=rht, rht_dtype=rht_dtype), block_expert, layout.num_experts)  # (E,)
     seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
     t, dq = dispatch.quantize_cols(x, spec, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, col_amax=seg[block_expert],
@@ -243,47 +244,11 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     return t, dq, s_dec
 
 
-def _one_read(profile: Profile) -> bool:
-    """Whether x's forward operand and its saved xᵀ come from one read (`_quantize_both`; nn.linear's rule)."""
-    act = profile.activation
-    return profile.grad is not None and dispatch.rows_cols_spec(act) and act.rounding == "rne"
-
-
-def _quantize_both(x, spec: Quant, profile: Profile, layout: MoELayout):
-    """x (Tp, C) -> (its forward GEMM operand, (NVFP4Tensor of xᵀ, S_dec per expert)): the amaxes first (|x| per
-    token; per expert; xᵀ's after the RHT when TE's recipe rotates it), then one read of x for both codes
-    (dispatch.quantize_rows_cols) — bit for bit `_quantize_rows` and `_quantize_cols`."""
-    from minite_core.kernels.quantize import row_amax
-    from minite_core.kernels.quantize_cols import col_block_amax
-
-    E = layout.num_experts
-    block_expert = _block_expert(layout)
-    token_amax = row_amax(x)
-    seg = _segment_amax(token_amax, layout.row_expert, E)  # (E,) max |x| over each expert's rows
-    if profile.wgrad_rht:
-        seg_t = _segment_amax(col_block_amax(x, rht=True, rht_dtype=profile.wgrad_rht_dtype), block_expert, E)
-    else:
-        seg_t = seg
-    _, x_op, x_t, _ = dispatch.quantize_rows_cols(
-        x, spec, token_amax if spec.scale_mode == "row" else seg[layout.row_expert], col_amax=seg_t[block_expert],
-        rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
-    return x_op, (x_t, torch.full_like(seg_t, 1.0) / global_encode_scale(seg_t))
-
-
-def _block_expert(layout: MoELayout) -> torch.Tensor:
-    """The expert of every 16-token block of the layout (cached on it)."""
-    block_expert = layout.cache.get("block_expert")
-    if block_expert is None:
-        block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
-    return block_expert
-
-
 class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset,
                 wgrad: bool):
         # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's
-        saved = None  # (codes, scales, S_dec per expert) of xᵀ, when the forward quantization made them too
         if profile.decode_gemm == "packed":
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
@@ -293,18 +258,14 @@ class _GroupedNVFP4(torch.autograd.Function):
                 schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
             if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
-            elif wgrad and _one_read(profile):
-                x_op, (x_t, s_xt) = _quantize_both(x.detach(), profile.activation, profile, layout)
-                saved = (x_t.data, x_t.scale, s_xt)
             else:
                 _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
             y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
                                       invariant=profile.batch_invariant)
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
         ctx.expert_offset = expert_offset
-        if saved is None:
-            saved = ()
-        if profile.grad is not None and wgrad and not saved:
+        saved = ()
+        if profile.grad is not None and wgrad:
             spec = profile.activation or profile.grad
             x_t, _, s_xt = _quantize_cols(x.detach(), dataclasses.replace(spec, rounding="rne"), layout,
                                           rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
@@ -322,7 +283,6 @@ class _GroupedNVFP4(torch.autograd.Function):
         seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
         dy = dy.contiguous()
         dx = dw = None
-        # dy: two quantizers (one read with SR measured slower on the H200, as in nn.linear)
         if ctx.needs_input_grad[0]:
             _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")

@@ -10,9 +10,7 @@ Backward, as TE's recipe lays it out (the reduction dim changes, so operands are
   wgrad  dW = dyᵀ x    both quantized along the token dim M (RHT on both first when `wgrad_rht`, rounded to
                        `wgrad_rht_dtype`); dyᵀ with the grad spec, xᵀ with the activation spec's block/math,
                        RNE, one global scale per tensor (or per row of xᵀ: `wgrad_input_scale_mode`).
-Only the column-wise (along-M) quantized xᵀ is saved for backward: ≈4.5 bits per element instead of 16. On the
-Triton path a dynamic RNE activation spec gets both from one read of x (`_quantize_both`): an amax pass, then one
-pass that emits the row-wise codes with their bf16 copy for the forward GEMM and the column-wise codes of xᵀ.
+Only the column-wise (along-M) quantized xᵀ is saved for backward: ≈4.5 bits per element instead of 16.
 M is zero-padded (`_pad_tokens`) to a multiple of 16 for the along-M quantization (zero rows add nothing to dW).
 
 Operands that a profile leaves unquantized (`None`) run in `profile.dtype` as a plain F.linear, the weight cast
@@ -235,34 +233,6 @@ def _input_quant(group) -> _InputQuant | None:
     return group[0].__dict__.setdefault("_input_quant", _InputQuant())
 
 
-def _one_read(x: torch.Tensor, profile: Profile, shard) -> bool:
-    """Whether the forward operand of x and the saved xᵀ come from one read (`_quantize_both`): the Triton path, a
-    dynamic 1x16 RNE activation spec, xᵀ with one global scale, one process."""
-    act = profile.activation
-    return (shard is None and profile.grad is not None and profile.wgrad_input_scale_mode == "tensor"
-            and dispatch.rows_cols_spec(act) and act.rounding == "rne" and dispatch.fast_path(x))
-
-
-def _quantize_both(x: torch.Tensor, profile: Profile):
-    """(forward GEMM operand of x, NVFP4Tensor of xᵀ along tokens) from one read of x (dispatch.quantize_rows_cols),
-    bit for bit the two separate quantizations: the amaxes first (|x| per token; xᵀ's after the RHT when TE's
-    recipe rotates it), then one pass for both codes. Tokens are zero-padded to a multiple of 16 (`_pad_tokens`)."""
-    from minite_core.kernels.quantize import row_amax  # Triton kernels: imported on the fast path only
-    from minite_core.kernels.quantize_cols import col_block_amax
-
-    act, m = profile.activation, x.shape[0]
-    x_p = _pad_tokens(x)
-    token_amax = row_amax(x_p)
-    rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
-    amax_t = col_block_amax(x_p, **rht).amax() if profile.wgrad_rht else None
-    _, x_op, x_t, _ = dispatch.quantize_rows_cols(
-        x_p, act, token_amax if act.scale_mode == "row" else token_amax.amax(), amax=amax_t, **rht)
-    if x_p.shape[0] != m:  # drop the pad rows of the row-wise operand
-        sdec = x_op.global_scale
-        x_op = dispatch.DqOperand(x_op.values_bf16[:m], sdec[:m] if sdec.dim() else sdec)
-    return x_op, x_t
-
-
 class _NVFP4Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, input_amax, seed: int, cache, key, fused, wgrad: bool,
@@ -281,7 +251,6 @@ class _NVFP4Linear(torch.autograd.Function):
             raise ValueError(f"a token shard of {x.shape[0]} tokens: the wgrad's 16-token blocks would straddle "
                              "ranks; give each rank a multiple of 16 tokens (rows x padded length)")
         te_ref = profile.w4a4_gemm == "te-ref"  # TE's reference GEMM order (profiles.py); fprop, dgrad, wgrad
-        x_t_q = None  # xᵀ quantized along tokens, when the forward quantization made it too
         if te_ref and shard is not None:
             raise NotImplementedError(f"profile {profile.name!r}: w4a4_gemm='te-ref' on a token shard (its amaxes "
                                       "would need an all-reduce); run it on one process")
@@ -306,10 +275,6 @@ class _NVFP4Linear(torch.autograd.Function):
             if profile.w4a4_gemm == "vllm-cpu":  # vLLM's CPU emulation arithmetic (profile knob, kernels.vllm_cpu)
                 y = vllm_cpu.gemm(_q(x.detach(), profile.activation, amax=amax), global_encode_scale(amax), w_q,
                                   x.dtype)
-            elif wgrad and _one_read(x, profile, shard):  # both operands of x from one read (module docstring)
-                x_op, x_t_q = shared.get(x, ("dual", profile.activation, profile.wgrad_rht, profile.wgrad_rht_dtype),
-                                         lambda: _quantize_both(x.detach(), profile))
-                y = gemm_nt(x_op, w_q, x.dtype, profile.batch_invariant)
             else:
                 x_op = shared.get(x, ("dq", profile.activation, id(amax)),
                                   lambda: _q(x.detach(), profile.activation, amax=amax, dq=True))
@@ -317,9 +282,7 @@ class _NVFP4Linear(torch.autograd.Function):
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         ctx.shard = shard
         saved = ()
-        if x_t_q is not None:
-            saved = (x_t_q.data, x_t_q.scale, x_t_q.global_scale)
-        elif profile.grad is not None and wgrad:
+        if profile.grad is not None and wgrad:
             # keep only the column-wise quantized x^T (along tokens) for wgrad: packed, ~4.5 bits/element
             spec = dataclasses.replace(profile.activation or profile.grad, rounding="rne")
             rht = dict(rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
@@ -345,8 +308,6 @@ class _NVFP4Linear(torch.autograd.Function):
         dy = dy.float()
         dx = dw = None
         te_ref = profile.w4a4_gemm == "te-ref"  # TE's reference GEMM (profiles.py): packed operands + amaxes
-        # dy's two operands come from two quantizers: one read for both (`_quantize_both` with SR) measured 0.6-0.8x
-        # their speed on the H200 (bench/NOTES.md row 18)
         if ctx.needs_input_grad[0]:
             dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=not te_ref, amax=_shard_amax(dy, shard, profile.grad),
                       sr_origin=None if shard is None else (shard.offset, 0))  # (M, N) along N
