@@ -55,8 +55,8 @@ from minite_core.kernels.quantize import (
 # RHT 0.539 ms (0.55-0.90 elsewhere: the Philox draws and the dq words want more programs, fewer registers each).
 AMAX_TILE, CODES_TILE, SR_DQ_TILE = (64, 64, 4), (64, 128, 8), (32, 64, 4)
 # One read for x and xᵀ (quantize_rows_cols_triton, bench/NOTES.md row 18; H200 sweep at 16384x4096 incl. the amax
-# pass, separate quantizers 0.73 ms): minite's per-token rows (64, 256, 8) 0.53 ms (0.59-0.95 elsewhere); TE's
-# RHT'd xᵀ (64, 64, 4) 0.66 ms (0.73-1.22 elsewhere: the butterfly wants fewer channels per program).
+# pass, the separate quantizers 0.73 ms in that run, 0.39 ms in the next): minite's per-token rows (64, 256, 8)
+# 0.53 ms (0.59-0.95 elsewhere); TE's RHT'd xᵀ (64, 64, 4) 0.66 ms (0.73-1.22 elsewhere).
 DUAL_TILE, DUAL_RHT_TILE = (64, 256, 8), (64, 64, 4)
 
 
