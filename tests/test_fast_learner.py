@@ -201,4 +201,3 @@ def test_expert_weight_t_in_place_equals_the_transposed_copy(math, backend):
     assert sut.values_bf16.shape == ref.values_bf16.shape == (E, K, N)
     assert torch.equal(sut.values_bf16.contiguous().cpu(), ref.values_bf16.cpu())
     assert torch.equal(sut.global_scale.cpu(), ref.global_scale.cpu())
-

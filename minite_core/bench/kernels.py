@@ -149,7 +149,7 @@ def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=False):
             label = name if cfg is None else f"{name}-bt{cfg[0]}-bc{cfg[1]}-w{cfg[2]}"
             rec.add(label, f"{m}x{k} {str(src.dtype)[6:]}", t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps)
         _guard(rec, name, shape, run)
-        for cfg in COLS_SWEEP if sweep and name.endswith(("cols-static", "sr+dq", "+dq")) else ():
+        for cfg in COLS_SWEEP if sweep and name.endswith(("cols-static", "+dq")) else ():
             _guard(rec, name, shape, lambda cfg=cfg, run=run: run(cfg=cfg))
     for name, kw in (("col-block-amax", {}), ("col-block-amax-rht-bf16", dict(rht=True, rht_dtype="bfloat16"))):
         def amax(kw=kw, name=name, cfg=None):

@@ -18,8 +18,8 @@ One read for a forward linear (`quantize_rows_cols_triton`, ROWS): the 16 token 
 x's rows, so the same pass emits x's row-wise codes (1×16 along C, RNE, global scale per token or per tensor) with
 their bf16 copy — the forward GEMM's operand — before the RHT (TE's recipe rotates only xᵀ); with SR, a gradient's
 two operands, each with its own stream. What it saves is the row quantizer's read of x and its amax pass; the
-arithmetic of both quantizations stays, and the H200 measured it no faster: 0.8-1.4x the two quantizers across runs
-and tiles, 0.6-0.8x with SR, and a learner step 0.4-1.5% slower with it than without (bench/NOTES.md row 18). So the
+arithmetic of both quantizations stays, and the H200 measured it no faster: 0.7-1.4x the two quantizers across runs
+and tiles, 0.5-0.8x with SR, and a learner step 0.4-1.5% slower with it than without (bench/NOTES.md row 18). So the
 learner (nn.linear, nn.experts) runs the two quantizers; this mode stays benched (`quantize-dual-*`) and checked.
 
 Numerics are `quantize_triton`'s on xᵀ, bit for bit (same helpers: `_global_scales`, `block_scales`, `_e2m1_rne`,
