@@ -331,6 +331,7 @@ def test_gpu_attention_tiled_one_binary_for_every_call(kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 def test_gpu_attention_tiled_faster_than_per_query(capsys):
     """The learner's attention forward at the bench shape (16,384 tokens as 8 x 2048, 32 / 4 heads of 128,

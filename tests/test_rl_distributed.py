@@ -152,25 +152,42 @@ def test_nvfp4_learner_needs_16_rows_per_rank(base, tmp_path, one_thread):
         _two_ranks(kw)
 
 
-def test_torchrun_cli_equals_one_process(base, tmp_path, one_thread):
-    """As the DAG launches it (`torchrun --standalone --nproc-per-node 2 -m minite_core.cli rl`, init_from_env,
-    the real reward): one step's rollout and mismatch columns are the one-process CLI run's, bit for bit."""
+def _torchrun_cli_equals_one_process(base, tmp_path, pair, nproc, device):
+    """`torchrun --standalone --nproc-per-node <nproc> -m minite_core.cli rl` (init_from_env, the real reward)
+    against the one-process CLI on the same device: one step's rollout and mismatch columns bit for bit."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    cfg = json.dumps(dataclasses.asdict(dataclasses.replace(PAIRS["bf16"]["cfg"], steps=1)))
-    args = ["rl", "--pretrained", str(base / "pre" / "model"), "--data", str(base / "data"), "--learner", "bf16",
-            "--sampler", "bf16", "--seed", "5", "--threads", "1", "--no-progress", "--config-json", cfg]
+    spec = PAIRS[pair]
+    cfg = json.dumps(dataclasses.asdict(dataclasses.replace(spec["cfg"], steps=1)))
+    args = ["rl", "--pretrained", str(base / "pre" / "model"), "--data", str(base / "data"),
+            "--learner", spec["learner_profile"], "--sampler", spec["sampler_profile"], "--seed", "5",
+            "--device", device, "--threads", "1", "--no-progress", "--config-json", cfg]
+    if spec["correction"]:
+        args += ["--correction", spec["correction"]]
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "minite_core.cli", *args, "--out", str(tmp_path / "two")], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                          str(nproc), "-m", "minite_core.cli", *args, "--out", str(tmp_path / "dist")], env=env,
+                         cwd=root, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert res.stdout.count("rl: 1 steps") == 1  # rank 0 reports
     assert train_mod.main([*args[1:], "--out", str(tmp_path / "one")]) == 0
-    (got,), (ref,) = _rows(tmp_path / "two"), _rows(tmp_path / "one")
+    (got,), (ref,) = _rows(tmp_path / "dist"), _rows(tmp_path / "one")
     exact = [k for k in ref if k.startswith(EXACT)]
-    assert {k: got[k] for k in exact} == {k: ref[k] for k in exact}
+    assert exact and {k: got[k] for k in exact} == {k: ref[k] for k in exact}
+
+
+def test_torchrun_cli_equals_one_process(base, tmp_path, one_thread):
+    """As the DAG launches it on CPU: 2 gloo ranks."""
+    _torchrun_cli_equals_one_process(base, tmp_path, "bf16", 2, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("pair", ["bf16", "minite"])
+def test_gpu_torchrun_cli_equals_one_process(base, tmp_path, pair):
+    """The same on CUDA, where the ranks talk NCCL: 2 ranks on a node with 2 GPUs or more, else a group of one."""
+    _torchrun_cli_equals_one_process(base, tmp_path, pair, min(2, torch.cuda.device_count()), "cuda")

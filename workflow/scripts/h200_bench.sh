@@ -12,9 +12,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 echo "== gpu tests"
 # the image has no jsonschema (minite_core.experiment): the two modules that import it hold no gpu tests
-timeout "${TEST_S:-150}" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
-    ${TESTS:-tests/ --ignore=tests/test_sweep.py --ignore=tests/test_workflow.py} > "$OUT/gpu-tests.log" 2>&1
+# tests that assert a speed (marker `timing`) run after the others, alone on the GPU
+TESTS=${TESTS:-tests/ --ignore=tests/test_sweep.py --ignore=tests/test_workflow.py}
+timeout "${TEST_S:-200}" python3 -m pytest -q -m "gpu and not timing" -n 8 -p no:cacheprovider $TESTS \
+    > "$OUT/gpu-tests.log" 2>&1
 echo "pytest exit $?"; tail -4 "$OUT/gpu-tests.log"
+timeout 120 python3 -m pytest -q -m "gpu and timing" -p no:cacheprovider $TESTS >> "$OUT/gpu-tests.log" 2>&1
+echo "pytest (timing) exit $?"; tail -2 "$OUT/gpu-tests.log"
 echo "== learner bench"
 timeout "${LEARNER_S:-240}" python3 -m minite_core.cli bench learner --config h200 --experiment h200 --device cuda \
     --out "$OUT/learner.json" --csv "$OUT/learner.csv" ${LEARNER_ARGS:-} \
