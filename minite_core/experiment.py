@@ -8,9 +8,11 @@ Two passes, each error one line naming the key path (`config: rl.runs[1].learner
    model shape is one the model and the NVFP4 GEMMs accept (GQA divides the heads, K dims are multiples of 16,
    top-k <= experts), divisibility (`rl.mini_batches`, `quant_error.rows` with 16x16 blocks), enough task
    prompts for what the stages ask, no two RL runs with one name, eval runs that exist, `gpus_per_job` ranks
-   that split the throughput bench's experts (expert parallelism) and the RL stage's mini-batches and experts.
-Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, and how a learner
-job is launched (`launcher`: torchrun with gpus_per_job > 1) and placed on Slurm (`slurm_gres`).
+   that split the throughput bench's experts (expert parallelism) and the RL stage's mini-batches and experts,
+   `gpu_slots` that split over `gpus`.
+Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, the run options
+(`run_options`, with `--gpu-lease` on a machine of several GPUs), and how a learner job is launched
+(`launcher`: torchrun with more than one GPU a job, `stage_gpus`) and placed on Slurm (`slurm_gres`).
 
 This module is imported by the Snakefile, so it imports nothing heavy (no model, no kernels).
 """
@@ -72,27 +74,33 @@ def section_json(config: dict, section: str, drop=()) -> str:
     return json.dumps({k: v for k, v in config.get(section, {}).items() if k not in drop})
 
 
-def launcher(config: dict) -> str:
-    """How a learner job starts `minite`: itself with one GPU per job, torchrun with gpus_per_job > 1 (one rank
-    a GPU of the job's node; `--standalone`: a rendezvous on the node, as Slurm places the job on one)."""
-    n = config.get("gpus_per_job", 1)
+def stage_gpus(config: dict, stage: str) -> int:
+    """GPUs of one job of `stage` (throughput | rl): the section's own `gpus_per_job`, else the top-level one."""
+    own = config.get(stage, {}).get("gpus_per_job")
+    return config.get("gpus_per_job", 1) if own is None else own
+
+
+def launcher(config: dict, stage: str) -> str:
+    """How a learner job of `stage` starts `minite`: itself with one GPU per job, torchrun with more (one rank a
+    GPU of the job's node; `--standalone`: a rendezvous on the node, as Slurm places the job on one)."""
+    n = stage_gpus(config, stage)
     return "minite" if n == 1 else f"torchrun --standalone --nproc-per-node {n} -m minite_core.cli"
 
 
-def slurm_gres(config: dict) -> str:
-    """The Slurm GPUs of a learner job (workflow/profiles/slurm reads the rule's `gres`): gpus_per_job GPUs of
-    one node on CUDA, none on CPU."""
-    return f"gpu:{config.get('gpus_per_job', 1)}" if config["device"] == "cuda" else ""
+def slurm_gres(config: dict, stage: str) -> str:
+    """The Slurm GPUs of a learner job of `stage` (workflow/profiles/slurm reads the rule's `gres`): its GPUs, of
+    one node, on CUDA; none on CPU."""
+    return f"gpu:{stage_gpus(config, stage)}" if config["device"] == "cuda" else ""
 
 
-def learner_gpu_slots(config: dict) -> int:
-    """Local GPU slots of a learner job (rl): one, as `gpu_slots`, with one GPU per job; with gpus_per_job > 1 the
-    whole local pool (torchrun holds every GPU of the node it is given). On Slurm its GPUs come from `gres`."""
-    return gpu_slots(config) if config.get("gpus_per_job", 1) == 1 else config["gpu_slots"]
+def learner_gpu_slots(config: dict, stage: str) -> int:
+    """Local GPU slots of a learner job of `stage`: one, as `gpu_slots`, with one GPU per job; with more the whole
+    local pool (torchrun holds every GPU of the node it is given). On Slurm its GPUs come from `gres`."""
+    return gpu_slots(config) if stage_gpus(config, stage) == 1 else config["gpu_slots"]
 
 
 def gpu_slots(config: dict) -> int:
-    """GPU slots of a small GPU job: one of the shared GPU's `gpu_slots` on CUDA, none on CPU."""
+    """GPU slots of a small GPU job: one of the machine's `gpu_slots` on CUDA, none on CPU."""
     return 1 if config["device"] == "cuda" else 0
 
 
@@ -109,6 +117,9 @@ def run_options(config: dict, *, kernels: str | None = None, compute: bool = Tru
     if compute:
         opts += f" --device {config['device']} --kernels {kernels or config['kernels']}"
         opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
+        gpus = config.get("gpus", 1)
+        if gpus > 1 and config["device"] == "cuda":  # one of the machine's GPUs a job (runs/gpu_lease.py)
+            opts += f" --gpu-lease {gpus}x{config['gpu_slots'] // gpus}"
     return opts
 
 
@@ -181,7 +192,7 @@ def _check_model(config, errors):
 def _check_rl_ranks(config, per_batch: int, errors):
     """gpus_per_job > 1 runs `minite rl` on that many ranks (rl/distributed.py): the rows of a mini-batch split
     evenly, an NVFP4-backward learner gets 16 rows a rank (its wgrad's 16-token blocks), the experts split."""
-    g = config.get("gpus_per_job", 1)
+    g = stage_gpus(config, "rl")
     runs = rl_runs(config) if g > 1 else {}
     if not runs:
         return
@@ -223,13 +234,27 @@ def _check_sizes(config, errors):
     if rl["eval_n"] > heldout:
         errors.append(f"config: rl.eval_n: {rl['eval_n']} held-out problems per evaluation > the {heldout} of the "
                       "data stage (data.n_heldout_per_level x levels)")
-    n, bench = config.get("gpus_per_job", 1), config.get("throughput", {}).get("config", "tiny")
+    n, bench = stage_gpus(config, "throughput"), config.get("throughput", {}).get("config", "tiny")
     if n > 1 and BENCH_EXPERTS.get(bench, n) % n:
         errors.append(f"config: gpus_per_job: {n} ranks do not split the {BENCH_EXPERTS[bench]} experts of "
                       f"throughput.config {bench!r} (expert parallelism); use a divisor of {BENCH_EXPERTS[bench]}")
     if not d["prompts"] and d["num_prompts"] > heldout:
         errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {heldout} held-out prompts of "
                       "the data stage")
+
+
+def _check_gpus(config, errors):
+    """`gpus: G` spreads the jobs over G GPUs, gpu_slots / G a GPU; a torchrun job's ranks are G of them at most."""
+    g = config.get("gpus", 1)
+    if g == 1:
+        return
+    if config["gpu_slots"] % g:
+        errors.append(f"config: gpu_slots: {config['gpu_slots']} slots do not split over gpus: {g} "
+                      f"(the same number of jobs on every GPU); use a multiple of {g}")
+    for stage in ("throughput", "rl"):
+        if stage_gpus(config, stage) > g:
+            errors.append(f"config: {stage}.gpus_per_job: {stage_gpus(config, stage)} GPUs for one job, the "
+                          f"machine has gpus: {g}")
 
 
 def _check_runs(config, errors):
@@ -255,7 +280,7 @@ def semantic_errors(config: dict) -> list[str]:
     """One line per semantic error (module docstring) of a schema-valid config with its defaults filled in
     (snakemake's `validate(config, schema)` fills them); [] when the config is runnable."""
     errors: list[str] = []
-    for check in (_check_profiles, _check_model, _check_sizes, _check_runs):
+    for check in (_check_profiles, _check_model, _check_sizes, _check_gpus, _check_runs):
         check(config, errors)
     return errors
 

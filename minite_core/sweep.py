@@ -146,7 +146,8 @@ def points(sweep: Sweep) -> list[tuple[dict[str, dict], dict[str, dict]]]:
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
             sections = {s: dict(sweep.base.get(s) or {}) for s in SECTIONS}
-            sections["rl"].pop("runs", None)  # a DAG key, not an RLConfig field
+            for dag_key in ("runs", "gpus_per_job"):  # DAG keys, not RLConfig fields
+                sections["rl"].pop(dag_key, None)
             for key, value in zip(keys, values):
                 section, _, name = key.partition(".")
                 sections[section][name] = value

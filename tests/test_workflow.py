@@ -121,7 +121,7 @@ def test_multi_gpu_experiment_launches_torchrun(tmp_path):
     assert "gpu=4" in job[:job.index("\n\n")]  # every local slot: torchrun holds the node's GPUs
     plain = _dry_run_commands(tmp_path, "experiment: issue24-onegpu\nrl: {runs: ['bf16:bf16']}\n")
     assert "Shell command: minite rl --pretrained" in plain and "torchrun --standalone" not in plain
-    assert launcher({"gpus_per_job": 1}) == "minite" and launcher({}) == "minite"
+    assert launcher({"gpus_per_job": 1}, "rl") == "minite" and launcher({}, "throughput") == "minite"
     assert schema_errors({"experiment": "x", "gpus_per_job": 0}, SCHEMA) == [
         "config: gpus_per_job: 0 is less than the minimum of 1"]
 

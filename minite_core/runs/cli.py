@@ -1,14 +1,17 @@
 """What every `minite <command>` shares: the run options, how a rule's config reaches a command, one-line errors.
 
-Run options (`add_common_args`): --seed, --experiment, --device, --kernels, --sampler-engine, --threads, --config-json. Every rule
-passes its config section the same way, as `--config-json '<JSON>'`: commands whose config is a frozen dataclass
-(`data`, `pretrain`, `rl`) build it with `results.config_from_json`; commands with one flag per option
-(`diagnose`, `eval`, `quant-error`, `bench learner`) read it with `parse_with_config`, which turns each key into the
-default of the flag of the same name (`num_prompts` -> `--num-prompts`, `spec` -> `--spec-json`), so flags given on
-the command line still win and an unknown key is an error naming it.
+Run options (`add_common_args`): --seed, --experiment, --device, --kernels, --sampler-engine, --threads,
+--gpu-lease, --config-json. Every rule passes its config section the same way, as `--config-json '<JSON>'`:
+commands whose config is a frozen dataclass (`data`, `pretrain`, `rl`) build it with `results.config_from_json`;
+commands with one flag per option (`diagnose`, `eval`, `quant-error`, `bench learner`) read it with
+`parse_with_config`, which turns each key into the default of the flag of the same name (`num_prompts` ->
+`--num-prompts`, `spec` -> `--spec-json`), so flags given on the command line still win and an unknown key is an
+error naming it.
 
-`--kernels` picks the kernel backend for the whole process (`kernels.dispatch.set_backend`) and records the
-backend in use in every result's `env` (`results.set_run_env`); `--device cuda` without a GPU fails at once.
+`--gpu-lease GxS` (the DAG's, with `gpus: G` in the experiment) gives the command one of the machine's G GPUs
+(runs/gpu_lease.py). `--kernels` picks the kernel backend for the whole process (`kernels.dispatch.set_backend`)
+and records the backend in use in every result's `env` (`results.set_run_env`); `--device cuda` without a GPU
+fails at once.
 
 Errors (`run_command`): a command that raises prints `minite <command>: error: <message>` on one line and exits 1
 (argparse's own usage errors exit 2); `--debug` anywhere on the command line or `MINITE_DEBUG=1` shows the
@@ -41,6 +44,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, config_help: str | None 
     parser.add_argument("--sampler-engine", default="auto", choices=("auto", "reference", "fast", "fast-eager"),
                         help="rollout engine (auto: the fast CUDA-graph sampler on the GPU, the reference on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
+    parser.add_argument("--gpu-lease", default=None, metavar="GxS",
+                        help="with --device cuda: take one of G GPUs (S jobs a GPU) before CUDA starts")
     parser.add_argument("--config-json", default="{}", help=config_help or "this stage's config section as JSON")
 
 
@@ -61,6 +66,13 @@ def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         torch.set_num_threads(args.threads)
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if args.gpu_lease and args.device.startswith("cuda"):  # before anything asks CUDA about its devices
+        from minite_core.runs import gpu_lease
+
+        try:
+            gpu_lease.lease(args.gpu_lease)
+        except ValueError as e:
+            parser.error(str(e))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
     if args.sampler_engine != "auto":  # the process's default engine (engines.fast_sampler.resolve_engine reads it)

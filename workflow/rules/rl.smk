@@ -7,7 +7,7 @@
 # for a seed other than the experiment's (seeds of one pair: the report's seed bands); outputs under
 # {RESULTS}/rl/{run}/: metrics.csv (one row per step), summary.json (stage "rl"), final/ (transformers checkpoint
 # for lm-eval). Resume state in {RESULTS}/rl/{run}/state/ (not an output: survives a killed job).
-# gpus_per_job > 1: `torchrun --standalone --nproc-per-node N -m minite_core.cli rl ...` (rl/distributed.py: every
+# gpus_per_job > 1 (rl.gpus_per_job, else the top-level key): `torchrun --standalone --nproc-per-node N -m minite_core.cli rl ...` (rl/distributed.py: every
 # rank samples the step, the learner is FSDP2 + expert parallel, rank 0 writes), claiming the job's N GPUs.
 import re
 
@@ -34,17 +34,17 @@ rule rl:
         ENV
     threads: 1  # see pretrain.smk: tiny CPU GEMMs do not scale; the 2 smoke cores run two pairs at once
     resources:
-        gpu=learner_gpu_slots(config),  # one slot; with gpus_per_job > 1 the node's GPUs (torchrun)
-        gres=slurm_gres(config),  # Slurm only (workflow/profiles/slurm): gpus_per_job GPUs on one node
+        gpu=learner_gpu_slots(config, "rl"),  # one slot; with gpus_per_job > 1 the node's GPUs (torchrun)
+        gres=slurm_gres(config, "rl"),  # Slurm only (workflow/profiles/slurm): gpus_per_job GPUs on one node
     params:
-        launch=launcher(config),  # `minite`, or torchrun with gpus_per_job > 1 (rl/distributed.py)
+        launch=launcher(config, "rl"),  # `minite`, or torchrun with gpus_per_job > 1 (rl/distributed.py)
         data=lambda wildcards, input: str(Path(input.train).parent),
         out=lambda wildcards, output: str(Path(output.summary).parent),
         learner=lambda wildcards: RL_RUNS[wildcards.run]["learner"],
         sampler=lambda wildcards: RL_RUNS[wildcards.run]["sampler"],
         correction=lambda wildcards: RL_RUNS[wildcards.run]["correction"],
         run=lambda wildcards: run_options(config, seed=RL_RUNS[wildcards.run]["seed"]),
-        config=section_json(config, "rl", drop=("runs",)),
+        config=section_json(config, "rl", drop=("runs", "gpus_per_job")),
     shell:
         "{params.launch} rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} --name {wildcards.run} "
         "--learner {params.learner} --sampler {params.sampler} --correction {params.correction} "

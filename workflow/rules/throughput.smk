@@ -1,5 +1,5 @@
 # Stage: learner-update throughput — BF16 vs TE-NVFP4 vs miniTE, one process, profiles interleaved round-robin.
-# With gpus_per_job > 1: `torchrun --standalone --nproc-per-node N`, the scale-out learner (bench.learner_dist:
+# With gpus_per_job > 1 (throughput.gpus_per_job, else the top-level key): `torchrun --standalone --nproc-per-node N`, the scale-out learner (bench.learner_dist:
 # per-GPU and total tokens/s, scaling efficiency against the plain learner timed in the same job).
 # GPU run: Qwen3-30B-A3B layer shapes (config "h200"), <= ~2 min of the H200 DAG's 10 (budget_s caps the timed
 # rounds); CPU smoke: config "tiny", seconds. Ratios (x BF16, x TE-NVFP4, saved activations) come from this run.
@@ -21,11 +21,11 @@ rule throughput:
         ENV
     resources:
         gpu=config["gpu_slots"],  # the whole GPU: timings are not shared with other jobs
-        gres=slurm_gres(config),  # Slurm only (workflow/profiles/slurm): the job's GPUs, on one node
+        gres=slurm_gres(config, "throughput"),  # Slurm only (workflow/profiles/slurm): the job's GPUs, on one node
     params:
-        launch=launcher(config),  # `minite`, or torchrun with gpus_per_job > 1 (bench.learner_dist)
+        launch=launcher(config, "throughput"),  # `minite`, or torchrun with gpus_per_job > 1 (bench.learner_dist)
         run=run_options(config, kernels=config["throughput"]["kernels"]),
-        config=section_json(config, "throughput", drop=("kernels",)),
+        config=section_json(config, "throughput", drop=("kernels", "gpus_per_job")),
     shell:
         "{params.launch} bench learner --out {output.json} --csv {output.csv} {params.run} "
         "--config-json {params.config:q} > {log} 2>&1"

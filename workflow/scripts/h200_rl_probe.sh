@@ -2,7 +2,8 @@
 # A timed RL probe in one call (no snakemake): data + SFT base model (as h200_diag.sh), then the RL runs of
 # experiments/h200.yaml side by side on the one GPU, RL_STEPS steps each (the rl section otherwise as configured) —
 # per-step sampling / learner times and the first reward and held-out numbers with the fast engines. Writes
-# $OUT/rl.tgz (results/h200/{pretrain,rl} without checkpoints and state) and the logs.
+# $OUT/rl.tgz (results/<exp>/{pretrain,rl} without checkpoints and state) and the logs. CONFIG: another
+# experiment (default experiments/h200.yaml).
 set -uo pipefail
 . "$(dirname "$0")/h200_common.sh"
 python3 -m minite_core.cli data --out $R/data --experiment h200 --seed 0 --config-json "$(sec data)" > "$OUT/data.log" 2>&1
