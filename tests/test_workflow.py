@@ -74,6 +74,9 @@ _BASE = "experiment: bad\n"
         ("gpus_per_job: 3", "config: gpus_per_job: 3 ranks do not split the 4 experts of throughput.config 'tiny'"),
         ("gpus_per_job: 2\nrl: {runs: ['minite:minite']}", "config: gpus_per_job: rl run minite__minite__none on 2 "
          "ranks has 4 rows per rank and mini-batch; its NVFP4 learner needs a multiple of 16"),
+        ("device: cuda\ngpus: 3\ngpu_slots: 4", "config: gpu_slots: 4 slots do not split over gpus: 3"),
+        ("device: cuda\ngpus: 2\ngpu_slots: 4\nthroughput: {gpus_per_job: 4}",
+         "config: throughput.gpus_per_job: 4 GPUs for one job, the machine has gpus: 2"),
     ],
 )
 def test_bad_config_is_one_line_at_parse_time(tmp_path, yaml_text, line):
@@ -124,6 +127,23 @@ def test_multi_gpu_experiment_launches_torchrun(tmp_path):
     assert launcher({"gpus_per_job": 1}, "rl") == "minite" and launcher({}, "throughput") == "minite"
     assert schema_errors({"experiment": "x", "gpus_per_job": 0}, SCHEMA) == [
         "config: gpus_per_job: 0 is less than the minimum of 1"]
+
+
+def test_node_experiment_spreads_one_gpu_jobs_and_runs_the_bench_on_all(tmp_path):
+    """experiments/h200x8.yaml (issue 25): the throughput bench under torchrun on the node's 8 GPUs without the
+    plain baseline (the full-depth model does not fit one GPU); every other command that computes takes one GPU of
+    8 (`--gpu-lease 8x2`), the RL runs included (rl.gpus_per_job unset: the top-level 1)."""
+    res = subprocess.run([*SNAKEMAKE, "-n", "-p", "all", "--configfile", "experiments/h200x8.yaml"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    commands = [line for line in res.stdout.splitlines() if line.startswith("Shell command: ")]
+    bench = [c for c in commands if "bench learner" in c]
+    assert len(bench) == 1 and "torchrun --standalone --nproc-per-node 8 -m minite_core.cli bench learner" in bench[0]
+    assert '"compare_plain": false' in bench[0] and '"gpus_per_job"' not in bench[0]
+    rl = [c for c in commands if " rl --pretrained" in c]
+    assert len(rl) == 8 and all(c.startswith("Shell command: minite rl") and "--gpu-lease 8x2" in c for c in rl)
+    computing = [c for c in commands if "--device cuda" in c]
+    assert all("--gpu-lease 8x2" in c for c in computing) and len(computing) > len(rl) + 1
 
 
 def test_slurm_profile_places_a_multi_gpu_job_on_one_node(tmp_path):

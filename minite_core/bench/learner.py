@@ -239,14 +239,19 @@ def random_model(mcfg, dtype: torch.dtype, device: torch.device, seed: int):
     with torch.device(device):
         model = CausalLM(mcfg)
     model.to(dtype)
+    return model, draw_random_(model, device, seed)
+
+
+@torch.no_grad()
+def draw_random_(model, device: torch.device, seed: int) -> torch.Generator:
+    """random_model's values, drawn into `model`'s parameters in place -> the generator."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return model, gen
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+    return gen
 
 
 def _set_step_seed(model, step: int, seed: int = 0) -> None:

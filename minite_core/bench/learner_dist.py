@@ -5,8 +5,10 @@ What is timed: one `engines.distributed.pg_step` per profile and round — the d
 tests prove equal to one process — on an FSDP2-sharded model (MoE experts expert-parallel, `install` before
 `shard_model`, as the RL learner would run it). Each rank runs `batch` rows of `seq` tokens (weak scaling: the
 per-GPU work is the 1-GPU run's), so the global batch is batch·world rows. Model and batch are bench.learner's
-(`random_model`, the same seed on every rank, each rank's rows of one global batch); a row is seq/4 prompt
-tokens + the rest response, every row full length (no pads); tokens/s counts all seq tokens of a row.
+(`random_model`'s draws, the same seed on every rank, each rank's rows of one global batch); the sharded model
+is built on the meta device and only this rank's part made (`sharded_model`), so every rank's expert slice holds
+the same values (routing, not expert values, sets the work). A row is seq/4 prompt tokens + the rest response,
+every row full length (no pads); tokens/s counts all seq tokens of a row.
 
 Reported per profile (rank 0 writes a throughput/v1 JSON whose rows the report's table reads):
 - tokens_per_s (total) = global tokens / median over steps of the SLOWEST rank's step time (a step ends when the
@@ -32,11 +34,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from minite_core.bench.learner import PAPER, SCHEMA, LearnerBenchConfig, _kernel_backend, random_model
+from minite_core.bench.learner import PAPER, SCHEMA, LearnerBenchConfig, _kernel_backend, draw_random_, random_model
 from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
 from minite_core.engines.learner import Learner
+from minite_core.model.qwen3_moe import CausalLM
 from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info
@@ -115,12 +118,25 @@ def plain_samples(cfg: LearnerBenchConfig, device: torch.device, batch, log) -> 
     return time_rounds(cfg, device, step, lambda x: x, log)[0]  # the model is freed on return
 
 
+def sharded_model(cfg: LearnerBenchConfig, device: torch.device, dp: D.DataParallel):
+    """The model as this rank holds it, built without ever holding all of it (the full-depth model is 122 GB of
+    fp32 weights): on the meta device, this rank's experts kept (EP.install, a no-op without MoE layers), then
+    made on `device`, drawn as random_model draws, and FSDP2-sharded. -> (model, parameter count of the whole)."""
+    mcfg = cfg.model_config()
+    with torch.device("meta"):
+        model = CausalLM(mcfg)
+    n_params = model.num_parameters()
+    EP.install(model, dp.rank, dp.world)
+    model.to_empty(device=device).to(getattr(torch, cfg.param_dtype))
+    if mcfg.tie_word_embeddings:  # to_empty made the two a parameter each
+        model.lm_head.weight = model.model.embed_tokens.weight
+    draw_random_(model, device, cfg.seed)  # the same draws on every rank: equal non-expert weights
+    return D.shard_model(model), n_params
+
+
 def dist_samples(cfg: LearnerBenchConfig, device: torch.device, dp: D.DataParallel, batch, log):
     """Every rank: pg_step(dp) on the sharded model -> (this rank's samples, peaks, parameter count)."""
-    model, _ = random_model(cfg.model_config(), getattr(torch, cfg.param_dtype), device, cfg.seed)
-    n_params = model.num_parameters()
-    EP.install(model, dp.rank, dp.world)  # a no-op without MoE layers
-    model = D.shard_model(model)
+    model, n_params = sharded_model(cfg, device, dp)
     opt, learners = _optimizer(model, cfg, device), _learners(model, cfg)
     prompts, responses, adv = batch
 
