@@ -35,7 +35,9 @@ def _op_profile() -> dict:
            {"kernel": "multi_tensor_apply_kernel", "calls_per_step": 1.0, "ms_per_step": 2.0},
            {"kernel": LAMBDA, "calls_per_step": 2.0, "ms_per_step": 1.0}]
     top += [{"kernel": f"small_kernel_{i}", "calls_per_step": 1.0, "ms_per_step": 0.25} for i in range(8)]
-    return {"bf16": {"steps": 1, "kernels_per_step": 16.0, "kernel_ms_per_step": 10.0, "top": top}}
+    launched = [top[0], top[3], top[1]]  # most calls first; the annotation range is left out of the line
+    return {"bf16": {"steps": 1, "kernels_per_step": 16.0, "kernel_ms_per_step": 10.0, "top": top,
+                     "most_launched": launched}}
 
 
 def test_annotation_ranges_are_not_kernels():
@@ -50,8 +52,10 @@ def test_learner_section_renders_the_kernel_table(tmp_path):
     text = section_throughput(tmp_path)
     kernels = text[text.index("### Kernels of one learner update"):]
     # totals without the annotation range: 16 - 1 kernels, 10 - 2 ms, below the timed 9.5 ms step
-    assert "**bf16**: 15 kernels, 8.0 ms of kernels per step (timed step 9.5 ms; 2.0 ms of annotation ranges " \
-           "left out)." in kernels
+    assert "**bf16**: 15 kernels, 8.0 ms of kernels per step (timed step 9.5 ms, 84% of it in kernels; 2.0 ms of " \
+           "annotation ranges left out)." in kernels
+    assert "Most launched: `_grouped_kernel` x4, `unrolled_elementwise_kernel<direct_copy_kernel_…` x2." \
+        in kernels
     rows = [line for line in kernels.splitlines() if line.startswith("| `")]
     assert len(rows) == 8  # the top 8 kernels
     assert rows[0] == "| `_grouped_kernel` | 4 | 3.0 | 37.5 |"  # % of the 8.0 kernel ms

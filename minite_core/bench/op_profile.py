@@ -24,16 +24,20 @@ def profiled(device: torch.device):
 
 
 def kernel_table(prof, steps: int = 1, top: int = 25) -> dict:
-    """Per step: kernel launches, summed kernel milliseconds, and the `top` kernels by device time. GPU ranges of
-    user annotations (`Optimizer.step#AdamW.step`) span kernels counted on their own: left out."""
+    """Per step: kernel launches, summed kernel milliseconds, the `top` kernels by device time and the `top` by
+    launches (where a step is launch-bound, the second list names what to fuse). GPU ranges of user annotations
+    (`Optimizer.step#AdamW.step`) span kernels counted on their own: left out."""
     by_name: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             by_name.setdefault(e.name[:120], []).append(e.time_range.elapsed_us() / 1e3)
-    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    def rows(key):
+        return [{"kernel": k, "calls_per_step": len(v) / steps, "ms_per_step": sum(v) / steps}
+                for k, v in sorted(by_name.items(), key=key)[:top]]
+
     return {"steps": steps, "kernels_per_step": sum(map(len, by_name.values())) / steps,
             "kernel_ms_per_step": sum(map(sum, by_name.values())) / steps,
-            "top": [{"kernel": k, "calls_per_step": len(v) / steps, "ms_per_step": sum(v) / steps} for k, v in ranked]}
+            "top": rows(lambda kv: -sum(kv[1])), "most_launched": rows(lambda kv: -len(kv[1]))}
 
 
 def summary(table: dict, n: int = 8) -> str:

@@ -173,9 +173,10 @@ def _ms(v: float) -> str:
 
 def kernel_tables(op_profile: dict, step_ms: dict | None = None, top: int = 8) -> str:
     """Markdown of a result's `op_profile` ({profile: bench.op_profile.kernel_table}): per profile one line (kernels
-    and kernel ms per step, beside the timed step ms where `step_ms` has the profile) and its `top` kernels by
-    device time. Annotation ranges (is_annotation) are left out of the tables and subtracted from the totals
-    (those in the stored top list: kernel_table keeps its top 25 entries)."""
+    and kernel ms per step; where `step_ms` has the profile, the timed step and the share of it the kernels cover:
+    far below 100%, the GPU waits on the host), its `top` kernels by device time, and its most launched kernels
+    where the table has them. Annotation ranges (is_annotation) are left out of the tables and subtracted from the
+    totals (those in the stored top list: kernel_table keeps its top 25 entries)."""
     lines, annotations = [], []
     for name, t in op_profile.items():
         ranges = [r for r in t["top"] if is_annotation(r["kernel"])]
@@ -183,13 +184,18 @@ def kernel_tables(op_profile: dict, step_ms: dict | None = None, top: int = 8) -
         annotations += [r["kernel"] for r in ranges if r["kernel"] not in annotations]
         n = t["kernels_per_step"] - sum(r["calls_per_step"] for r in ranges)
         ms = t["kernel_ms_per_step"] - sum(r["ms_per_step"] for r in ranges)
-        notes = ([f"timed step {_ms(step_ms[name])} ms"] if name in (step_ms or {}) else []) + (
+        notes = ([f"timed step {_ms(step_ms[name])} ms, {100 * ms / step_ms[name]:.0f}% of it in kernels"]
+                 if name in (step_ms or {}) else []) + (
             [f"{_ms(sum(r['ms_per_step'] for r in ranges))} ms of annotation ranges left out"] if ranges else [])
         lines += [f"**{name}**: {n:,.0f} kernels, {_ms(ms)} ms of kernels per step"
                   + (f" ({'; '.join(notes)})" if notes else "") + ".", "",
                   "| kernel | calls/step | ms/step | % of kernel ms |", "|---|---:|---:|---:|"]
         lines += [f"| {_kernel_name(r['kernel'])} | {r['calls_per_step']:g} | {_ms(r['ms_per_step'])} | "
                   f"{100 * r['ms_per_step'] / ms:.1f} |" for r in kernels[:top]]
+        launched = [r for r in t.get("most_launched", []) if not is_annotation(r["kernel"])][:5]
+        if launched:
+            lines += ["", "Most launched: " + ", ".join(f"{_kernel_name(r['kernel'], 48)} x{r['calls_per_step']:g}"
+                                                         for r in launched) + "."]
         lines.append("")
     if annotations:
         lines.insert(0, "Left out of the tables and totals, as profiler annotation ranges rather than kernels: "
