@@ -54,6 +54,13 @@ def test_lease_shows_the_process_its_gpu_only(locks, monkeypatch, capsys):
     assert "gpu lease: GPU 1 (slot 1 of 1)" in capsys.readouterr().err
 
 
+def test_more_gpus_than_the_machine_has_is_one_line(locks, monkeypatch):
+    monkeypatch.setattr(gpu_lease, "machine_gpus", lambda: 1)
+    with pytest.raises(ValueError, match=r"--gpu-lease 8x2: this machine has 1 GPU\(s\), not 8; set `gpus: 1`"):
+        gpu_lease.lease("8x2")
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
 @pytest.mark.parametrize("env", [{"LOCAL_RANK": "0"}, {"CUDA_VISIBLE_DEVICES": "3"}])
 def test_torchrun_ranks_and_placed_jobs_are_left_alone(locks, monkeypatch, env):
     for k, v in env.items():

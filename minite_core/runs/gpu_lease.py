@@ -9,6 +9,7 @@ slot before CUDA starts:
 - the lock is held by an open descriptor until the process exits; the kernel drops it however the process ends
   (a killed job frees its GPU);
 - the process then sees only its GPU (CUDA_VISIBLE_DEVICES=g, so it is `cuda` / `cuda:0` to the code).
+A G above the GPUs the machine has (NVML's count) is a one-line error that names the config key to change.
 When every slot is taken (a command started by hand beside the DAG) it waits, saying so once. Nothing is leased
 under torchrun (LOCAL_RANK: each rank already has its GPU) or when CUDA_VISIBLE_DEVICES is set (Slurm, a user).
 The lock directory is per user and machine (MINITE_GPU_LOCKS, default <tmp>/minite-gpus-<uid>), so two DAGs on one
@@ -63,6 +64,18 @@ def release() -> None:
         os.close(_held.pop())
 
 
+def machine_gpus() -> int | None:
+    """The GPUs NVML sees (CUDA not started, so CUDA_VISIBLE_DEVICES can still be set), or None where NVML cannot
+    say."""
+    import torch
+
+    try:
+        n = torch.cuda._raw_device_count_nvml()
+    except (AttributeError, OSError):  # no NVML library (a CPU machine), or a torch without the helper
+        return None
+    return n if n >= 0 else None
+
+
 def lease(spec: str, *, poll_s: float = 2.0) -> int | None:
     """Lease a GPU for this process and make it the only one CUDA shows -> its index, or None where nothing is
     leased (torchrun rank, CUDA_VISIBLE_DEVICES already set). Call before CUDA starts."""
@@ -73,6 +86,10 @@ def lease(spec: str, *, poll_s: float = 2.0) -> int | None:
 
     if torch.cuda.is_initialized():
         raise RuntimeError("--gpu-lease: CUDA already started in this process; the lease must come first")
+    have = machine_gpus()
+    if have is not None and have < gpus:
+        raise ValueError(f"--gpu-lease {spec}: this machine has {have} GPU(s), not {gpus}; set `gpus: {have}` in "
+                         "the experiment config (or run its config on a machine that has them)")
     where, waited = lock_dir(), False
     while (got := try_lease(gpus, slots, where)) is None:
         if not waited:
