@@ -31,6 +31,7 @@ def kernel_table(prof, steps: int = 1, top: int = 25) -> dict:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             by_name.setdefault(e.name[:120], []).append(e.time_range.elapsed_us() / 1e3)
+
     def rows(key):
         return [{"kernel": k, "calls_per_step": len(v) / steps, "ms_per_step": sum(v) / steps}
                 for k, v in sorted(by_name.items(), key=key)[:top]]
