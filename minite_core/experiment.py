@@ -119,7 +119,7 @@ def run_options(config: dict, *, kernels: str | None = None, compute: bool = Tru
         opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
         gpus = config.get("gpus", 1)
         if gpus > 1 and config["device"] == "cuda":  # one of the machine's GPUs a job (runs/gpu_lease.py)
-            opts += f" --gpu-lease {gpus}x{config['gpu_slots'] // gpus}"
+            opts += f" --gpu-lease {gpus}x{max(1, config.get('gpu_slots', gpus) // gpus)}"
     return opts
 
 

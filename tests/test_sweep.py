@@ -91,3 +91,11 @@ def test_tiny_sweep_runs_ranks_and_resumes(tmp_path, monkeypatch):
     with open(out / "sweep.csv", newline="") as fh:
         table = list(csv.DictReader(fh))
     assert table[0]["gain"] and not table[0]["error"] and "eval_n" in table[1]["error"]
+
+
+def test_a_sweep_on_a_machine_of_several_gpus_leases_one_a_run():
+    """A base experiment with `gpus: G` gives every sweep command the DAG's --gpu-lease (runs/gpu_lease.py), with
+    one job a GPU where the base leaves gpu_slots out."""
+    opts = sweep_mod._run_options({"experiment": "x", "device": "cuda", "gpus": 8})
+    assert opts[opts.index("--gpu-lease") + 1] == "8x1"
+    assert "--gpu-lease" not in sweep_mod._run_options({"experiment": "x", "device": "cuda"})
