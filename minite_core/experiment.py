@@ -252,9 +252,8 @@ def _check_gpus(config, errors):
         errors.append(f"config: gpu_slots: {config['gpu_slots']} slots do not split over gpus: {g} "
                       f"(the same number of jobs on every GPU); use a multiple of {g}")
     for stage in ("throughput", "rl"):
-        if stage_gpus(config, stage) > g:
-            errors.append(f"config: {stage}.gpus_per_job: {stage_gpus(config, stage)} GPUs for one job, the "
-                          f"machine has gpus: {g}")
+        if (n := stage_gpus(config, stage)) > g:
+            errors.append(f"config: {stage}.gpus_per_job: {n} GPUs for one job, the machine has gpus: {g}")
 
 
 def _check_runs(config, errors):

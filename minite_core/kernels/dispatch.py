@@ -177,9 +177,10 @@ def quantize_rows_cols(x: torch.Tensor, quant: Quant, row_amax: torch.Tensor, *,
     kernels/quantize_cols.py.) Both operands a linear makes of one tensor, rounded as `quant` says: x along C (with
     its DqOperand: the forward GEMM's, or dgrad's for a gradient) and xᵀ along T (wgrad's; RHT'd when `rht`, its
     bf16 copy when `emit_dq`) — from one read of x [T, C] (T % 16 == 0) on the Triton path
-    (`quantize_rows_cols_triton`), from the two quantizers on the reference. row_amax: x's amax per token [T] or one []; amax / col_amax: xᵀ's (default: the max of
-    row_amax, i.e. of |x|; col_amax [T/16] Triton only). SR: row_seed / seed, or (Triton only) per row row_seeds and
-    per token seg_seed. Returns (NVFP4Tensor of x, DqOperand of x, NVFP4Tensor of xᵀ, bf16 xᵀ values or None)."""
+    (`quantize_rows_cols_triton`), from the two quantizers on the reference. row_amax: x's amax per token [T] or
+    one []; amax / col_amax: xᵀ's (default: the max of row_amax, i.e. of |x|; col_amax [T/16] Triton only). SR:
+    row_seed / seed, or (Triton only) per row row_seeds and per token seg_seed. Returns (NVFP4Tensor of x,
+    DqOperand of x, NVFP4Tensor of xᵀ, bf16 xᵀ values or None)."""
     if not rows_cols_spec(quant):
         raise ValueError(f"quantize_rows_cols takes a dynamic 1x16 spec without 4over6, got {quant}")
     per_row = row_amax.dim() == 1

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 _held: list[int] = []  # descriptors of the slots this process holds (kept open: the lease lives as long as they do)
 
 
@@ -67,8 +69,6 @@ def release() -> None:
 def machine_gpus() -> int | None:
     """The GPUs NVML sees (CUDA not started, so CUDA_VISIBLE_DEVICES can still be set), or None where NVML cannot
     say."""
-    import torch
-
     try:
         n = torch.cuda._raw_device_count_nvml()
     except (AttributeError, OSError):  # no NVML library (a CPU machine), or a torch without the helper
@@ -82,8 +82,6 @@ def lease(spec: str, *, poll_s: float = 2.0) -> int | None:
     gpus, slots = parse(spec)
     if "LOCAL_RANK" in os.environ or os.environ.get("CUDA_VISIBLE_DEVICES"):
         return None
-    import torch
-
     if torch.cuda.is_initialized():
         raise RuntimeError("--gpu-lease: CUDA already started in this process; the lease must come first")
     have = machine_gpus()
