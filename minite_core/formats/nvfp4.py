@@ -140,6 +140,11 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
 
 
+def global_decode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """S_dec = 1 / S_enc(amax), correctly rounded (what `quantize` stores as global_scale). fp32, amax's shape."""
+    return _div(1.0, global_encode_scale(amax))
+
+
 def _amax(x_fp32: torch.Tensor, scale_mode: str, amax, check: bool = True) -> torch.Tensor:
     m = x_fp32.shape[0]
     if amax is None:  # dynamic

@@ -15,6 +15,7 @@ optimizer step). Results: a_hat @ b_hat^T, equal across backends up to fp32 accu
 """
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 
@@ -86,13 +87,25 @@ def select_backend(backend: str | None = None) -> str:
     reference on CPU)."""
     name = backend or _RUN_BACKEND
     if name is None:
-        if not torch.cuda.is_available():
-            return "reference"
-        return "native" if torch.cuda.get_device_capability()[0] >= 10 else "triton"
-    ok, reason = backend_available(name)
+        return _auto_backend()
+    ok, reason = _checked(name, _interpret())
     if not ok:
         raise RuntimeError(f"kernel backend {name!r} is not usable here: {reason}")
     return name
+
+
+# Both answers are asked once per process: every kernel call selects a backend (~100 times a layer in a learner
+# step), and asking the CUDA driver each time cost ~15 us a call (cProfile on the H200, results/h200/extra/session10)
+@functools.cache
+def _auto_backend() -> str:
+    if not torch.cuda.is_available():
+        return "reference"
+    return "native" if torch.cuda.get_device_capability()[0] >= 10 else "triton"
+
+
+@functools.cache
+def _checked(name: str, interpret: bool) -> tuple[bool, str]:
+    return backend_available(name)  # keyed on TRITON_INTERPRET too: tests switch it
 
 
 def fast_path(x: torch.Tensor, backend: str | None = None) -> bool:
@@ -161,6 +174,15 @@ def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: 
         raise NotImplementedError("the along-token quantizer takes 1x16 blocks (every profile's wgrad operands)")
     # check=False as on the reference branch: a token shard's all-reduced amax would cost two host syncs a call
     return quantize_cols_triton(x, amax=amax, seed=seed, rht=rht, emit_dq=emit_dq, check=False, **q)
+
+
+def decode_scale(amax: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """S_dec = 1 / S_enc(amax) per element (`formats.nvfp4.global_decode_scale`): one launch on the fast path."""
+    if not fast_path(amax, backend):
+        return ref.global_decode_scale(amax.float())
+    from minite_core.kernels.quantize import decode_scale as triton_decode_scale
+
+    return triton_decode_scale(amax)
 
 
 def rows_cols_spec(quant: Quant | None) -> bool:

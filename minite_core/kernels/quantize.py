@@ -292,6 +292,13 @@ def _row_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, RHT: tl.conste
 
 
 @triton.jit
+def _decode_scale_kernel(amax_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    _, s_dec = _global_scales(tl.load(amax_ptr + i, mask=i < n, other=0.0))
+    tl.store(out_ptr + i, s_dec, mask=i < n)
+
+
+@triton.jit
 def _block_amax_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """out[pid_m, j] = amax of |x| (after RHT along K) over rows of program pid_m and 16-column block j."""
@@ -321,6 +328,16 @@ def row_amax(x: torch.Tensor, *, rht: bool = False, block_m: int = BLOCK_M_DEFAU
     out = torch.empty(m, dtype=torch.float32, device=x.device)
     _row_amax_kernel[(triton.cdiv(m, block_m),)](x, out, m, k, *_strides(x), RHT=rht, BLOCK_M=block_m,
                                                  BLOCK_K=_block_k(k, block_k), num_warps=NUM_WARPS_DEFAULT)
+    return out
+
+
+def decode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """`formats.nvfp4.global_decode_scale` (S_dec = 1 / S_enc per element, fp32, amax's shape) in one launch:
+    the torch spelling is ~10 (a learner's MoE layer computes it ~12 times a step)."""
+    a = amax.float().contiguous()
+    out = torch.empty_like(a)
+    n = a.numel()
+    _decode_scale_kernel[(triton.cdiv(n, 1024),)](a, out, n, BLOCK=1024)
     return out
 
 

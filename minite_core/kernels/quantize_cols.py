@@ -47,6 +47,7 @@ from minite_core.kernels.quantize import (
     _to_uniform,
     _uniforms,
     block_scales,
+    decode_scale,
 )
 
 # Tiles (BLOCK_T, BLOCK_C, num_warps), H200 sweep of `bench kernels` (16384x4096 bf16, one run, medians; the copy of
@@ -357,7 +358,7 @@ def quantize_cols_triton(x: torch.Tensor, *, amax=None, col_amax: torch.Tensor |
             amax_t = col_block_amax(x, rht=rht, rht_dtype=rht_dtype).amax()
         else:
             amax_t = ref._amax(torch.empty(1, 0, device=dev), "tensor", amax, check).to(dev, torch.float32).contiguous()
-        sdec = torch.full((), 1.0, device=dev) / ref.global_encode_scale(amax_t)
+        sdec = decode_scale(amax_t)
     seeds, index = seg_seed if seg_seed is not None else (data, data)  # dummies when unused
     tile = (SR_DQ_TILE if (emit_dq or rounding == "sr") else CODES_TILE if rows is None
             else DUAL_RHT_TILE if rht else DUAL_TILE)

@@ -27,7 +27,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
+from minite_core.formats.nvfp4 import NVFP4Tensor
 from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand, PackedExperts
 from minite_core.nn.linear import cache_context, linear, torch_dtype
@@ -177,7 +177,7 @@ def _expert_weight_t(weight: torch.Tensor, spec: Quant, amax: torch.Tensor) -> D
         block_amax = amax.repeat_interleave(N // 16)  # (E·N/16,) the expert of each 16-row block
         _, dq = dispatch.quantize_cols(w, dataclasses.replace(spec, rounding="rne"), col_amax=block_amax,
                                        emit_dq=True)  # [K, E·N]
-        s_dec = torch.full_like(amax, 1.0) / global_encode_scale(amax)  # correctly rounded, as the kernel's div_rn
+        s_dec = dispatch.decode_scale(amax)
         return DqOperand(dq.view(K, E, N).permute(1, 0, 2), s_dec)
 
 
@@ -240,7 +240,7 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
     t, dq = dispatch.quantize_cols(x, spec, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, col_amax=seg[block_expert],
                                    seg_seed=seg_seed)
-    s_dec = torch.full_like(seg, 1.0) / global_encode_scale(seg)  # correctly rounded, as the kernel's div_rn
+    s_dec = dispatch.decode_scale(seg)
     return t, dq, s_dec
 
 
