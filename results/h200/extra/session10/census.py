@@ -4,7 +4,8 @@ Usage: python census.py '<bench learner config JSON>' OUT.json
 For each profile: 2 warm-up steps; one step under a TorchDispatchMode that counts the aten ops that do work
 (views and allocations left out) by the innermost minite_core frame that issued them, with Triton launches
 (JITFunction.run) counted the same way; then 3 steps timed twice: enqueue time (host returns, before the device
-sync) and the step (to the sync).
+sync) and the step (to the sync), with the allocator's retries and Python's GC time in them. CENSUS_GC=off turns
+automatic GC off for the run.
 """
 import collections
 import json
@@ -79,7 +80,8 @@ def main():
         return run(self, *a, **k)
 
     JITFunction.run = counted
-    out = {"config": sys.argv[1], "gc": os.environ.get("CENSUS_GC", "on"), "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "profiles": {}}
+    out = {"config": sys.argv[1], "gc": os.environ.get("CENSUS_GC", "on"),
+           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "profiles": {}}
     for name in cfg.profiles:
         set_profile(model, name)
         for s in range(2):
@@ -113,7 +115,8 @@ def main():
         p = out["profiles"][name]
         print(name, p["aten_ops"], "aten ops,", p["triton_launches"], "triton launches; enqueue", p["enqueue_ms"],
               "ms, step", p["step_ms"], "ms; alloc retries", p["alloc_retries_in_3_steps"], "; gc",
-              p["gc_collections_in_3_steps"], "collections", p["gc_ms_in_3_steps"], "ms;", p["peak_gb"], "GB", flush=True)
+              p["gc_collections_in_3_steps"], "collections", p["gc_ms_in_3_steps"], "ms;", p["peak_gb"], "GB",
+              flush=True)
     Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
 
 
