@@ -196,8 +196,8 @@ def test_dequantize_and_amax_kernels_exact():
 
 @cpu_kernels
 def test_decode_scale_kernel_equals_reference():
-    """S_dec = 1 / S_enc(amax) in one launch, bit for bit, edge values too: 0 (-> 1), subnormal amax (S_enc
-    overflows -> FLT_MAX), amax above 2688 · FLT_MAX^-1 scale, the tensor's [] shape and a vector's."""
+    """S_dec = 1 / S_enc(amax) in one launch, bit for bit, edge values too: 0 (S_enc -> 1), subnormal amax (2688 /
+    amax overflows, S_enc -> FLT_MAX), amax near FLT_MAX (S_enc subnormal), the tensor's [] shape and a vector's."""
     edge = torch.tensor([0.0, 1e-45, 1e-40, 1e-30, 1.4e-35, 0.5, 1.0, 3.0, 2688.0, 6.0 * 448, 1e30, 3.4e38])
     rand = torch.rand(3000, generator=torch.Generator().manual_seed(5)) * torch.logspace(-38, 38, 3000)
     for amax in (edge, rand, torch.tensor(7.25)):

@@ -179,7 +179,7 @@ def quantize_cols(x: torch.Tensor, quant: Quant | None = None, amax=None, seed: 
 def decode_scale(amax: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """S_dec = 1 / S_enc(amax) per element (`formats.nvfp4.global_decode_scale`): one launch on the fast path."""
     if not fast_path(amax, backend):
-        return ref.global_decode_scale(amax.float())
+        return ref.global_decode_scale(amax)  # upcasts to fp32 itself
     from minite_core.kernels.quantize import decode_scale as triton_decode_scale
 
     return triton_decode_scale(amax)
