@@ -18,7 +18,8 @@ from minite_core.kernels import dispatch
 from minite_core.kernels.reference import attention_reference
 from minite_core.model import PRESETS, CausalLM, ModelConfig, set_profile
 from minite_core.nn import linear
-from minite_core.nn.fp32_split import mm_split, split3
+from minite_core.formats.bf16x3 import split3
+from minite_core.nn.fp32_split import mm_split
 from minite_core.profiles import get_profile
 
 CUDA = torch.cuda.is_available()

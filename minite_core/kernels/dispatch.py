@@ -185,6 +185,21 @@ def decode_scale(amax: torch.Tensor, *, backend: str | None = None) -> torch.Ten
     return triton_decode_scale(amax)
 
 
+def split3(t: torch.Tensor, layout: str, *, backend: str | None = None) -> torch.Tensor:
+    """fp32 (R, C) -> its three bf16 pieces (`formats.bf16x3.split3`), laid out for the split GEMMs: "cat" (R, 3C)
+    side by side along the columns, "stack" (3, R, C). One launch on the fast path."""
+    if not fast_path(t, backend):
+        from minite_core.formats.bf16x3 import split3 as split3_reference
+
+        if layout not in ("cat", "stack"):
+            raise ValueError(f"split3 layout must be 'cat' or 'stack', got {layout!r}")
+        parts = split3_reference(t.float())
+        return torch.cat(parts, dim=1) if layout == "cat" else torch.stack(parts)
+    from minite_core.kernels.split3 import split3 as triton_split3
+
+    return triton_split3(t, layout)
+
+
 def rows_cols_spec(quant: Quant | None) -> bool:
     """Whether `quantize_rows_cols` takes this spec: dynamic, 1x16 blocks, no 4over6."""
     return (quant is not None and not quant.static and tuple(quant.block) == (1, 16)

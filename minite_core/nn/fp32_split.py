@@ -4,65 +4,77 @@ Why: Hopper runs a true fp32 GEMM on its SIMT cores (~60 TFLOP/s, no TF32 — TF
 a bf16 GEMM on its tensor cores at ~13x that. The fp32 LM head of a 32k vocabulary took 126 ms of a 623 ms
 learner step on the H200 (torch.profiler, `minite bench learner --op-profile`).
 
-How, exactly: an fp32 value splits into three bf16 pieces, t = t1 + t2 + t3 with t1 = bf16(t), t2 = bf16(t - t1),
-t3 = bf16(t - t1 - t2); every difference is exact in fp32 and the three pieces carry all 24 significant bits
-(bf16 has fp32's exponent range; subnormal tails below 2^-126 aside). A bf16 x bf16 product is exact in fp32, so
+How, exactly: an fp32 value splits into three bf16 pieces t1 + t2 + t3 carrying all its bits
+(`formats.bf16x3.split3`). A bf16 x bf16 product is exact in fp32, so
     x @ Wᵀ = Σ_{i,j} x_i @ W_jᵀ,
 each term a bf16 tensor-core GEMM with fp32 accumulation. The terms with i + j > 4 are below 2^-24 relative —
 fp32 rounding level — and are dropped; so are pieces an operand does not have (a bf16 activation is its own first
 piece). The result equals the fp32 GEMM up to fp32 accumulation order, which is the contract of every fast GEMM
-here (DESIGN.md), at 3 GEMMs for the forward (x is bf16 in the model), 6 for dgrad and 3 for wgrad.
+here (DESIGN.md).
+
+The terms are grouped into few GEMMs by concatenating along K: Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [W_1 | W_2
+| …]ᵀ. The weight is kept as [W_1 | W_2 | W_3] (N, 3K), split in one launch (kernels/split3.py), and a prefix
+of it serves every group. So an fp32 LM head with a bf16 input costs 1 GEMM forward, 3 for dgrad and 1 for wgrad.
+Before, it took 3, 6 and 3, plus an fp32 add for each term after the first. At the node rank's LM head (4,096
+tokens x 151,936) each such add moved 7.5 GB (forward) or 3.7 GB (wgrad).
 """
 from __future__ import annotations
 
 import torch
 
+from minite_core.formats.bf16x3 import split3
 from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand
 
 _PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))  # i + j <= 2 (0-based): every term above 2^-24
 
 
-def split3(t: torch.Tensor) -> list[torch.Tensor]:
-    """t (fp32) -> [t1, t2, t3] bf16 with t1 + t2 + t3 == t (exactly, for normal values). A bf16 input is [t]."""
-    if t.dtype == torch.bfloat16:
-        return [t]
-    t = t.float()
-    t1 = t.to(torch.bfloat16)
-    r = t - t1.float()
-    t2 = r.to(torch.bfloat16)
-    return [t1, t2, (r - t2.float()).to(torch.bfloat16)]
-
-
 def mm_split(a_parts: list[torch.Tensor], b_parts: list[torch.Tensor], invariant: bool = False) -> torch.Tensor:
-    """Σ_{i+j<=2} a_i @ b_jᵀ in fp32 (a_i: (M, K), b_j: (N, K)) -> (M, N) fp32. invariant=True (profile knob
-    `batch_invariant`, forward only): each term through the fixed-tile Triton GEMM (kernels.dispatch.gemm with
+    """Σ_{i+j<=2} a_i @ b_jᵀ in fp32 (a_i: (M, K), b_j: (N, K)) -> (M, N) fp32, one GEMM a term: the plain form
+    of the grouped GEMMs below (tests/test_fp32_split.py) and the batch-invariant forward. invariant=True (profile
+    knob `batch_invariant`, forward only): each term through the fixed-tile Triton GEMM (kernels.dispatch.gemm with
     invariant=True, unit global scales), so a row's bits do not depend on M; the terms are summed in fixed order."""
     out = None
     for i, j in _PAIRS:
         if i < len(a_parts) and j < len(b_parts):
-            a, b = a_parts[i], b_parts[j].t()
             if invariant:
-                one = torch.ones((), dtype=torch.float32, device=a.device)
-                term = dispatch.gemm(DqOperand(a.contiguous(), one), DqOperand(b_parts[j].contiguous(), one),
-                                     torch.float32, invariant=True)
-            # CUDA: bf16 tensor cores, fp32 out; CPU (tests): the same exact products in an fp32 matmul
-            elif a.is_cuda:
-                term = torch.mm(a, b, out_dtype=torch.float32)
+                one = torch.ones((), dtype=torch.float32, device=a_parts[i].device)
+                term = dispatch.gemm(DqOperand(a_parts[i].contiguous(), one),
+                                     DqOperand(b_parts[j].contiguous(), one), torch.float32, invariant=True)
             else:
-                term = a.float() @ b.float()
+                term = _mm(a_parts[i], b_parts[j].t())
             out = term if out is None else out + term
     return out
 
 
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16 (M, K) @ (K, N) -> fp32. CUDA: bf16 tensor cores, fp32 out; CPU (tests): the same exact products in
+    an fp32 matmul."""
+    return torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else a.float() @ b.float()
+
+
+def weight_cat(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
+    """The fp32 master weight (N, K) as [W_1 | W_2 | W_3] (N, 3K) bf16, once per weight version."""
+    version = (weight._version, weight.data_ptr())
+    hit = cache.get("split3-cat") if cache is not None else None
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    with torch.inference_mode(False):  # a cache must serve autograd too (nn.linear.cache_context)
+        w_cat = dispatch.split3(weight.detach(), "cat")
+    if cache is not None:
+        cache["split3-cat"] = (version, w_cat)
+    return w_cat
+
+
 def weight_parts(weight: torch.Tensor, cache: dict | None) -> list[torch.Tensor]:
-    """split3 of the fp32 master weight, once per weight version."""
+    """split3 of the fp32 master weight as three contiguous (N, K) pieces (the batch-invariant GEMM's operands),
+    once per weight version."""
     version = (weight._version, weight.data_ptr())
     hit = cache.get("split3") if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
-    with torch.inference_mode(False):  # a cache must serve autograd too (nn.linear.cache_context)
-        parts = split3(weight.detach())
+    with torch.inference_mode(False):
+        parts = list(dispatch.split3(weight.detach(), "stack").unbind(0))
     if cache is not None:
         cache["split3"] = (version, parts)
     return parts
@@ -77,24 +89,46 @@ def fp32_split_linear(x: torch.Tensor, weight: torch.Tensor, cache: dict | None,
     return y.reshape(*lead, weight.shape[0])
 
 
+def _x_parts(x: torch.Tensor) -> list[torch.Tensor]:
+    return [x] if x.dtype == torch.bfloat16 else list(dispatch.split3(x.float(), "stack").unbind(0))
+
+
 class Fp32SplitLinear(torch.autograd.Function):
-    """y = x @ Wᵀ in fp32 from bf16 pieces. x: (M, K) bf16 or fp32; weight: (N, K) fp32 master."""
+    """y = x @ Wᵀ in fp32 from bf16 pieces. x: (M, K) bf16 or fp32; weight: (N, K) fp32 master.
+    Every product below is one group Σ_{j<=2-i} a_i b_j of `mm_split`'s terms, as one GEMM."""
 
     @staticmethod
     def forward(ctx, x, weight, cache, invariant=False):
-        w_parts = weight_parts(weight, cache)
-        x_parts = split3(x)
-        ctx.save_for_backward(x, *w_parts)
-        ctx.x_dtype, ctx.n_parts = x.dtype, len(x_parts)
-        return mm_split(x_parts, w_parts, invariant)
+        ctx.x_dtype = x.dtype
+        if invariant:
+            y = mm_split(split3(x), weight_parts(weight, cache), invariant=True)
+            ctx.save_for_backward(x, weight_cat(weight, cache) if any(ctx.needs_input_grad[:2]) else None)
+            return y
+        w_cat = weight_cat(weight, cache)
+        ctx.save_for_backward(x, w_cat)
+        k = x.shape[1]
+        # x_i against W_1..W_{3-i}, concatenated along K
+        return _total(_mm(x_i.repeat(1, 3 - i), w_cat[:, :(3 - i) * k].t()) for i, x_i in enumerate(_x_parts(x)))
 
     @staticmethod
     def backward(ctx, dy):
-        x, *w_parts = ctx.saved_tensors
-        dy_parts = split3(dy.float())
+        x, w_cat = ctx.saved_tensors
+        m, n = dy.shape
+        k = x.shape[1]
+        d = dispatch.split3(dy.float(), "stack")  # (3, M, N): the pieces of dy
         dx = dw = None
-        if ctx.needs_input_grad[0]:  # (M, K) = dy (M, N) @ W (N, K): the pieces of Wᵀ are the transposed pieces
-            dx = mm_split(dy_parts, [w.t() for w in w_parts]).to(ctx.x_dtype)
-        if ctx.needs_input_grad[1]:  # (N, K) = dyᵀ (N, M) @ x (M, K)
-            dw = mm_split([d.t() for d in dy_parts], [p.t() for p in split3(x)])
+        if ctx.needs_input_grad[0]:  # (M, K): d_i @ [W_1 | … | W_{3-i}] is the 3 - i terms side by side
+            dx = _total(_mm(d[i], w_cat[:, :(3 - i) * k]).view(m, 3 - i, k).sum(1) if i < 2 else _mm(d[i], w_cat[:, :k])
+                        for i in range(3)).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:  # (N, K): [d_1; …; d_{3-j}]ᵀ @ [x_j; …; x_j], the tokens concatenated
+            dw = _total(_mm(d[:3 - j].reshape((3 - j) * m, n).t(), x_j.repeat(3 - j, 1))
+                        for j, x_j in enumerate(_x_parts(x)))
         return dx, dw, None, None
+
+
+def _total(terms) -> torch.Tensor:
+    """Sum of the tensors in `terms`, first to last (no 0 + t launch)."""
+    out = None
+    for t in terms:
+        out = t if out is None else out + t
+    return out
