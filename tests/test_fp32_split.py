@@ -20,7 +20,10 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 triton_ok = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
                                reason="needs a CUDA GPU or TRITON_INTERPRET=1")
-TOL = {"rel": 1e-6}  # fp32 accumulation order (and dropped terms below 2^-24) against the fp64 product
+# against the fp64 product: fp32 accumulation order (and dropped terms below 2^-24) on CPU; on the GPU the tensor
+# cores' accumulation loses low bits on every add (kernel check's GEMM tolerance), and the grouped GEMMs may not lose
+# much more than one GEMM a term does on the same device
+TOL = {"rel": 1e-6, "rel_gpu": 1e-5, "vs_plain": 1.5}
 
 
 def _values(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -42,6 +45,16 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("shape", [(5, 37), (3, 1030)])
 def test_split3_kernel_equals_reference(shape):
     """Both layouts, a column count that is not a multiple of the block, and a strided (row-sliced) input."""
+    _check_split3(shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_split3_kernel_equals_reference():
+    _check_split3((1000, 5000))
+
+
+def _check_split3(shape):
     t = _values(*shape, seed=1)
     parts = split3(t)
     for src in (t, _values(shape[0] * 2, shape[1], seed=1)[::2]):
@@ -49,7 +62,7 @@ def test_split3_kernel_equals_reference(shape):
         cat = dispatch.split3(src.to(DEV), "cat", backend="triton")
         stack = dispatch.split3(src.to(DEV), "stack", backend="triton")
         assert cat.shape == (shape[0], 3 * shape[1]) and stack.shape == (3, *shape)
-        for p, w in enumerate(want):
+        for p, w in enumerate(want[::-1]):  # smallest piece first
             assert torch.equal(_bits(cat[:, p * shape[1]:(p + 1) * shape[1]]), _bits(w)), p
             assert torch.equal(_bits(stack[p]), _bits(w)), p
     normal = (t.abs() >= 2.0 ** -100) | (t == 0)  # the last piece above bf16's subnormals
@@ -72,16 +85,19 @@ def _check_linear(m: int, k: int, n: int, x_dtype: torch.dtype, seed: int):
     y = Fp32SplitLinear.apply(xs, ws, {}, False)
     y.backward(dy.to(DEV))
     exact = {"y": x.double() @ w.double().t(), "dx": dy.double() @ w.double(), "dw": dy.double().t() @ x.double()}
+    x, w, dy = x.to(DEV), w.to(DEV), dy.to(DEV)
     plain = {"y": mm_split(split3(x), split3(w)), "dx": mm_split(split3(dy), split3(w.t().contiguous())),
              "dw": mm_split(split3(dy.t().contiguous()), split3(x.t().contiguous()))}
     got = {"y": y.detach(), "dx": xs.grad, "dw": ws.grad}
     assert got["dx"].dtype == x_dtype and got["dw"].dtype == torch.float32
     for name, ref in exact.items():
-        assert _rel(plain[name], ref) <= TOL["rel"], (name, "plain")
+        plain_err = _rel(plain[name], ref)
+        assert plain_err <= TOL["rel_gpu" if CUDA else "rel"], (name, "plain", plain_err)
         if name == "dx" and x_dtype == torch.bfloat16:  # rounded once to bf16: within one bf16 step of exact
             assert torch.allclose(got[name].double().cpu(), ref, rtol=2 ** -8, atol=0), name
         else:
-            assert _rel(got[name], ref) <= TOL["rel"], (name, _rel(got[name], ref))
+            err = _rel(got[name], ref)
+            assert err <= max(TOL["rel"], TOL["vs_plain"] * plain_err), (name, err, plain_err)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -186,14 +186,15 @@ def decode_scale(amax: torch.Tensor, *, backend: str | None = None) -> torch.Ten
 
 
 def split3(t: torch.Tensor, layout: str, *, backend: str | None = None) -> torch.Tensor:
-    """fp32 (R, C) -> its three bf16 pieces (`formats.bf16x3.split3`), laid out for the split GEMMs: "cat" (R, 3C)
-    side by side along the columns, "stack" (3, R, C). One launch on the fast path."""
+    """fp32 (R, C) -> its three bf16 pieces (`formats.bf16x3.split3`) smallest first, laid out for the split GEMMs:
+    "cat" (R, 3C) = [t3 | t2 | t1] along the columns, "stack" (3, R, C) = (t3, t2, t1). One launch on the fast
+    path (kernels/split3.py says why smallest first)."""
     if not fast_path(t, backend):
         from minite_core.formats.bf16x3 import split3 as split3_reference
 
         if layout not in ("cat", "stack"):
             raise ValueError(f"split3 layout must be 'cat' or 'stack', got {layout!r}")
-        parts = split3_reference(t.float())
+        parts = split3_reference(t.float())[::-1]
         return torch.cat(parts, dim=1) if layout == "cat" else torch.stack(parts)
     from minite_core.kernels.split3 import split3 as triton_split3
 

@@ -12,9 +12,10 @@ fp32 rounding level — and are dropped; so are pieces an operand does not have 
 piece). The result equals the fp32 GEMM up to fp32 accumulation order, which is the contract of every fast GEMM
 here (DESIGN.md).
 
-The terms are grouped into few GEMMs by concatenating along K: Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [W_1 | W_2
-| …]ᵀ. The weight is kept as [W_1 | W_2 | W_3] (N, 3K), split in one launch (kernels/split3.py), and a prefix
-of it serves every group. So an fp32 LM head with a bf16 input costs 1 GEMM forward, 3 for dgrad and 1 for wgrad.
+The terms are grouped into few GEMMs by concatenating along K: Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [… | W_2
+| W_1]ᵀ. The weight is kept as [W_3 | W_2 | W_1] (N, 3K), split in one launch (kernels/split3.py, which says why
+the smallest piece comes first), and a suffix of it serves every group. So an fp32 LM head with a bf16 input
+costs 1 GEMM forward, 3 for dgrad and 1 for wgrad.
 Before, it took 3, 6 and 3, plus an fp32 add for each term after the first. At the node rank's LM head (4,096
 tokens x 151,936) each such add moved 7.5 GB (forward) or 3.7 GB (wgrad).
 """
@@ -54,7 +55,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def weight_cat(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
-    """The fp32 master weight (N, K) as [W_1 | W_2 | W_3] (N, 3K) bf16, once per weight version."""
+    """The fp32 master weight (N, K) as [W_3 | W_2 | W_1] (N, 3K) bf16, once per weight version."""
     version = (weight._version, weight.data_ptr())
     hit = cache.get("split3-cat") if cache is not None else None
     if hit is not None and hit[0] == version:
@@ -74,7 +75,7 @@ def weight_parts(weight: torch.Tensor, cache: dict | None) -> list[torch.Tensor]
     if hit is not None and hit[0] == version:
         return hit[1]
     with torch.inference_mode(False):
-        parts = list(dispatch.split3(weight.detach(), "stack").unbind(0))
+        parts = list(dispatch.split3(weight.detach(), "stack").unbind(0))[::-1]
     if cache is not None:
         cache["split3"] = (version, parts)
     return parts
@@ -90,7 +91,8 @@ def fp32_split_linear(x: torch.Tensor, weight: torch.Tensor, cache: dict | None,
 
 
 def _x_parts(x: torch.Tensor) -> list[torch.Tensor]:
-    return [x] if x.dtype == torch.bfloat16 else list(dispatch.split3(x.float(), "stack").unbind(0))
+    """x's pieces, largest first: [x] for bf16."""
+    return [x] if x.dtype == torch.bfloat16 else list(dispatch.split3(x.float(), "stack").unbind(0))[::-1]
 
 
 class Fp32SplitLinear(torch.autograd.Function):
@@ -107,21 +109,21 @@ class Fp32SplitLinear(torch.autograd.Function):
         w_cat = weight_cat(weight, cache)
         ctx.save_for_backward(x, w_cat)
         k = x.shape[1]
-        # x_i against W_1..W_{3-i}, concatenated along K
-        return _total(_mm(x_i.repeat(1, 3 - i), w_cat[:, :(3 - i) * k].t()) for i, x_i in enumerate(_x_parts(x)))
+        # x_i against W_{3-i}..W_1, concatenated along K
+        return _total(_mm(x_i.repeat(1, 3 - i), w_cat[:, i * k:].t()) for i, x_i in enumerate(_x_parts(x)))
 
     @staticmethod
     def backward(ctx, dy):
         x, w_cat = ctx.saved_tensors
         m, n = dy.shape
         k = x.shape[1]
-        d = dispatch.split3(dy.float(), "stack")  # (3, M, N): the pieces of dy
+        d = dispatch.split3(dy.float(), "stack")  # (3, M, N): the pieces of dy, d_3 first
         dx = dw = None
-        if ctx.needs_input_grad[0]:  # (M, K): d_i @ [W_1 | … | W_{3-i}] is the 3 - i terms side by side
-            dx = _total(_mm(d[i], w_cat[:, :(3 - i) * k]).view(m, 3 - i, k).sum(1) if i < 2 else _mm(d[i], w_cat[:, :k])
-                        for i in range(3)).to(ctx.x_dtype)
-        if ctx.needs_input_grad[1]:  # (N, K): [d_1; …; d_{3-j}]ᵀ @ [x_j; …; x_j], the tokens concatenated
-            dw = _total(_mm(d[:3 - j].reshape((3 - j) * m, n).t(), x_j.repeat(3 - j, 1))
+        if ctx.needs_input_grad[0]:  # (M, K): d_i @ [W_{3-i} | … | W_1] is the 3 - i terms side by side
+            dx = _total(_mm(d[2 - i], w_cat[:, i * k:]).view(m, 3 - i, k).sum(1) if i < 2
+                        else _mm(d[0], w_cat[:, 2 * k:]) for i in range(3)).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:  # (N, K): [d_{3-j}; …; d_1]ᵀ @ [x_j; …; x_j], the tokens concatenated
+            dw = _total(_mm(d[j:].reshape((3 - j) * m, n).t(), x_j.repeat(3 - j, 1))
                         for j, x_j in enumerate(_x_parts(x)))
         return dx, dw, None, None
 

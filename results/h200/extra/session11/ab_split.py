@@ -3,6 +3,7 @@ against one GEMM a term, the form before it (99ba172: 3 GEMMs forward, 6 dgrad, 
 term but the first, and split3 as 7 torch launches). Learner steps alternate between the two. "before" is put
 back by monkeypatching `nn.linear.fp32_split_linear`.
 Usage: python ab_split.py '<bench learner config JSON>' OUT.json ROUNDS"""
+import importlib
 import json
 import statistics
 import sys
@@ -13,9 +14,9 @@ import torch
 from minite_core.bench.learner import _set_step_seed, build, learner_step, resolve_config
 from minite_core.formats.bf16x3 import split3
 from minite_core.model import set_profile
-from minite_core.nn import linear
 from minite_core.nn.fp32_split import mm_split
 
+linear = importlib.import_module("minite_core.nn.linear")  # the module (minite_core.nn.linear is also a function)
 NEW = linear.fp32_split_linear
 
 
