@@ -94,7 +94,7 @@ def _check_linear(m: int, k: int, n: int, x_dtype: torch.dtype, seed: int):
         plain_err = _rel(plain[name], ref)
         assert plain_err <= TOL["rel_gpu" if CUDA else "rel"], (name, "plain", plain_err)
         if name == "dx" and x_dtype == torch.bfloat16:  # rounded once to bf16: within one bf16 step of exact
-            assert torch.allclose(got[name].double().cpu(), ref, rtol=2 ** -8, atol=0), name
+            assert torch.allclose(got[name].double().cpu(), ref, rtol=2 ** -7, atol=0), name
         else:
             err = _rel(got[name], ref)
             assert err <= max(TOL["rel"], TOL["vs_plain"] * plain_err), (name, err, plain_err)

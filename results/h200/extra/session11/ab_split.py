@@ -2,7 +2,9 @@
 against one GEMM a term, the form before it (99ba172: 3 GEMMs forward, 6 dgrad, 3 wgrad, an fp32 add after each
 term but the first, and split3 as 7 torch launches). Learner steps alternate between the two. "before" is put
 back by monkeypatching `nn.linear.fp32_split_linear`.
-Usage: python ab_split.py '<bench learner config JSON>' OUT.json ROUNDS"""
+Usage: python ab_split.py '<bench learner config JSON>' OUT.json ROUNDS
+       python ab_split.py head OUT.json: the head alone (forward + backward, CUDA events, alternating, 10 each) at
+       the node rank's LM head, the 6-layer bench's, and a router's shape"""
 import importlib
 import json
 import statistics
@@ -47,7 +49,36 @@ def before(x, weight, cache, invariant=False):
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def head(path):
+    out = {}
+    for m, k, n in ((4096, 2048, 151936), (16384, 2048, 32768), (4096, 2048, 128)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16().requires_grad_(True)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).requires_grad_(True)
+        dy = torch.randn(m, n, device="cuda", generator=g)
+        ms = {"before": [], "after": []}  # a fresh cache each call: the weight is split every time, as every step
+        for r in range(11):
+            for which in ("before", "after") if r % 2 else ("after", "before"):
+                fn = before if which == "before" else NEW
+                x.grad = w.grad = None
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(x, w, {}).backward(dy)
+                end.record()
+                torch.cuda.synchronize()
+                if r:
+                    ms[which].append(round(start.elapsed_time(end), 3))
+        med = {k_: statistics.median(v) for k_, v in ms.items()}
+        out[f"M{m} K{k} N{n}"] = {**ms, "median": med}
+        print(f"head M{m} K{k} N{n}: before {med['before']:.2f} ms, after {med['after']:.2f} ms "
+              f"({med['before'] / med['after']:.2f}x)", flush=True)
+        del x, w, dy
+    json.dump(out, open(path, "w"), indent=1)
+
+
 def main():
+    if sys.argv[1] == "head":
+        return head(sys.argv[2])
     cfg = resolve_config(sys.argv[1], torch.device("cuda"))
     rounds = int(sys.argv[3])
     model, opt, x, y = build(cfg, torch.device("cuda"))
