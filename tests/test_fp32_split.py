@@ -93,11 +93,10 @@ def _check_linear(m: int, k: int, n: int, x_dtype: torch.dtype, seed: int):
     for name, ref in exact.items():
         plain_err = _rel(plain[name], ref)
         assert plain_err <= TOL["rel_gpu" if CUDA else "rel"], (name, "plain", plain_err)
-        if name == "dx" and x_dtype == torch.bfloat16:  # rounded once to bf16: within one bf16 step of exact
-            assert torch.allclose(got[name].double().cpu(), ref, rtol=2 ** -7, atol=0), name
-        else:
-            err = _rel(got[name], ref)
-            assert err <= max(TOL["rel"], TOL["vs_plain"] * plain_err), (name, err, plain_err)
+        err, bound = _rel(got[name], ref), max(TOL["rel"], TOL["vs_plain"] * plain_err)
+        if name == "dx" and x_dtype == torch.bfloat16:  # rounded once to bf16: plus the rounding of exact
+            bound += _rel(ref.to(torch.bfloat16), ref)
+        assert err <= bound, (name, err, plain_err)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -106,14 +105,16 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 @triton_ok
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
-def test_split_linear_grouped_gemms_equal_the_fp32_product(x_dtype):
-    """forward, dgrad and wgrad from the grouped GEMMs: the fp64 product to fp32 accumulation order, as one
-    GEMM a term (`mm_split`) is; a bf16 x (the LM head's) has one piece, an fp32 x three."""
-    _check_linear(24, 48, 40, x_dtype, seed=2)
+@pytest.mark.parametrize("k, n", [(32, 80), (48, 40)], ids=["grouped", "per-term"])
+def test_split_linear_equals_the_fp32_product(k, n, x_dtype):
+    """forward, dgrad and wgrad, grouped (N >= K) or one GEMM a term: the fp64 product to fp32 accumulation order,
+    as `mm_split` is; a bf16 x (the LM head's) has one piece, an fp32 x three."""
+    _check_linear(24, k, n, x_dtype, seed=2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
-def test_gpu_split_linear_at_a_head_shape(x_dtype):
-    _check_linear(512, 1024, 8192, x_dtype, seed=3)
+@pytest.mark.parametrize("k, n", [(1024, 8192), (2048, 128)], ids=["head", "router"])
+def test_gpu_split_linear_at_head_and_router_shapes(k, n, x_dtype):
+    _check_linear(512, k, n, x_dtype, seed=3)

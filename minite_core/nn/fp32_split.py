@@ -12,12 +12,17 @@ fp32 rounding level — and are dropped; so are pieces an operand does not have 
 piece). The result equals the fp32 GEMM up to fp32 accumulation order, which is the contract of every fast GEMM
 here (DESIGN.md).
 
-The terms are grouped into few GEMMs by concatenating along K: Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [… | W_2
-| W_1]ᵀ. The weight is kept as [W_3 | W_2 | W_1] (N, 3K), split in one launch (kernels/split3.py, which says why
-the smallest piece comes first), and a suffix of it serves every group. So an fp32 LM head with a bf16 input
-costs 1 GEMM forward, 3 for dgrad and 1 for wgrad.
-Before, it took 3, 6 and 3, plus an fp32 add for each term after the first. At the node rank's LM head (4,096
-tokens x 151,936) each such add moved 7.5 GB (forward) or 3.7 GB (wgrad).
+Two ways to issue the terms; the weight is split once per version, in one launch (kernels/split3.py), into
+[W_3 | W_2 | W_1] (N, 3K), smallest piece first (that file says why), and every operand below is a view of it:
+- wide outputs (N >= K: the LM head): the terms are grouped into few GEMMs by concatenating along K,
+  Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [… | W_2 | W_1]ᵀ, a suffix of the split weight. A bf16 x costs 1 GEMM
+  forward, 3 for dgrad, 1 for wgrad. One GEMM a term took 3, 6 and 3, plus an fp32 add per term after the
+  first, and at the node rank's head (4,096 tokens x 151,936) such an add moved 7.5 GB (forward) or 3.7 GB
+  (wgrad). On the H200 the head's forward + backward went from 62.7 to 46.0 ms
+  (results/h200/extra/session11/ab_split-head.json).
+- narrow outputs (the router, N = 128): one GEMM a term (`mm_split`). There the grouping's copies of x and sums
+  of (M, 3K) blocks cost more than the term adds it saves: 1.09 ms against 0.83 for the router's forward +
+  backward, same file.
 """
 from __future__ import annotations
 
@@ -68,14 +73,13 @@ def weight_cat(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
 
 
 def weight_parts(weight: torch.Tensor, cache: dict | None) -> list[torch.Tensor]:
-    """split3 of the fp32 master weight as three contiguous (N, K) pieces (the batch-invariant GEMM's operands),
-    once per weight version."""
+    """W_1, W_2, W_3 as contiguous (N, K) bf16 (the batch-invariant GEMM's operands), once per weight version."""
     version = (weight._version, weight.data_ptr())
     hit = cache.get("split3") if cache is not None else None
     if hit is not None and hit[0] == version:
         return hit[1]
     with torch.inference_mode(False):
-        parts = list(dispatch.split3(weight.detach(), "stack").unbind(0))[::-1]
+        parts = _pieces(weight.detach())
     if cache is not None:
         cache["split3"] = (version, parts)
     return parts
@@ -90,27 +94,29 @@ def fp32_split_linear(x: torch.Tensor, weight: torch.Tensor, cache: dict | None,
     return y.reshape(*lead, weight.shape[0])
 
 
-def _x_parts(x: torch.Tensor) -> list[torch.Tensor]:
-    """x's pieces, largest first: [x] for bf16."""
-    return [x] if x.dtype == torch.bfloat16 else list(dispatch.split3(x.float(), "stack").unbind(0))[::-1]
+def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
+    """t's bf16 pieces, largest first ([t] for bf16), as views of one split3 launch."""
+    return [t] if t.dtype == torch.bfloat16 else list(dispatch.split3(t.float(), "stack").unbind(0))[::-1]
 
 
 class Fp32SplitLinear(torch.autograd.Function):
     """y = x @ Wᵀ in fp32 from bf16 pieces. x: (M, K) bf16 or fp32; weight: (N, K) fp32 master.
-    Every product below is one group Σ_{j<=2-i} a_i b_j of `mm_split`'s terms, as one GEMM."""
+    Grouped (N >= K): every product below is one group Σ_{j<=2-i} a_i b_j of `mm_split`'s terms, as one GEMM."""
 
     @staticmethod
     def forward(ctx, x, weight, cache, invariant=False):
-        ctx.x_dtype = x.dtype
-        if invariant:
-            y = mm_split(split3(x), weight_parts(weight, cache), invariant=True)
+        n, k = weight.shape
+        ctx.x_dtype, ctx.grouped = x.dtype, n >= k
+        if invariant:  # forward only (the sampler's, the on-policy learner's): its own contiguous pieces
             ctx.save_for_backward(x, weight_cat(weight, cache) if any(ctx.needs_input_grad[:2]) else None)
-            return y
+            return mm_split(split3(x), weight_parts(weight, cache), invariant=True)
         w_cat = weight_cat(weight, cache)
         ctx.save_for_backward(x, w_cat)
-        k = x.shape[1]
+        if not ctx.grouped:
+            w = [w_cat[:, (2 - j) * k:(3 - j) * k] for j in range(3)]  # W_1, W_2, W_3
+            return mm_split(_pieces(x), w)
         # x_i against W_{3-i}..W_1, concatenated along K
-        return _total(_mm(x_i.repeat(1, 3 - i), w_cat[:, i * k:].t()) for i, x_i in enumerate(_x_parts(x)))
+        return _total(_mm(torch.cat([x_i] * (3 - i), dim=1), w_cat[:, i * k:].t()) for i, x_i in enumerate(_pieces(x)))
 
     @staticmethod
     def backward(ctx, dy):
@@ -119,12 +125,19 @@ class Fp32SplitLinear(torch.autograd.Function):
         k = x.shape[1]
         d = dispatch.split3(dy.float(), "stack")  # (3, M, N): the pieces of dy, d_3 first
         dx = dw = None
+        if not ctx.grouped:
+            d_pieces = list(d.unbind(0))[::-1]
+            if ctx.needs_input_grad[0]:
+                dx = mm_split(d_pieces, [w_cat[:, (2 - j) * k:(3 - j) * k].t() for j in range(3)]).to(ctx.x_dtype)
+            if ctx.needs_input_grad[1]:
+                dw = mm_split([p.t() for p in d_pieces], [p.t() for p in _pieces(x)])
+            return dx, dw, None, None
         if ctx.needs_input_grad[0]:  # (M, K): d_i @ [W_{3-i} | … | W_1] is the 3 - i terms side by side
             dx = _total(_mm(d[2 - i], w_cat[:, i * k:]).view(m, 3 - i, k).sum(1) if i < 2
                         else _mm(d[0], w_cat[:, 2 * k:]) for i in range(3)).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:  # (N, K): [d_{3-j}; …; d_1]ᵀ @ [x_j; …; x_j], the tokens concatenated
-            dw = _total(_mm(d[j:].reshape((3 - j) * m, n).t(), x_j.repeat(3 - j, 1))
-                        for j, x_j in enumerate(_x_parts(x)))
+            dw = _total(_mm(d[j:].reshape((3 - j) * m, n).t(), torch.cat([x_j] * (3 - j)))
+                        for j, x_j in enumerate(_pieces(x)))
         return dx, dw, None, None
 
 
