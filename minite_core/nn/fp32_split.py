@@ -18,11 +18,11 @@ Two ways to issue the terms; the weight is split once per version, in one launch
   Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [… | W_2 | W_1]ᵀ, a suffix of the split weight. A bf16 x costs 1 GEMM
   forward, 3 for dgrad, 1 for wgrad. One GEMM a term took 3, 6 and 3, plus an fp32 add per term after the
   first, and at the node rank's head (4,096 tokens x 151,936) such an add moved 7.5 GB (forward) or 3.7 GB
-  (wgrad). On the H200 the head's forward + backward went from 62.7 to 46.0 ms
+  (wgrad). On the H200 the head's forward + backward went from 62.0 to 45.6 ms
   (results/h200/extra/session11/ab_split-head.json).
 - narrow outputs (the router, N = 128): one GEMM a term (`mm_split`). There the grouping's copies of x and sums
-  of (M, 3K) blocks cost more than the term adds it saves: 1.09 ms against 0.83 for the router's forward +
-  backward, same file.
+  of (M, 3K) blocks cost more than the term adds it saves: grouped, the router's forward + backward took 1.09 ms
+  against 0.83 (results/h200/README.md, the eleventh session's calls 7-8).
 """
 from __future__ import annotations
 
@@ -113,8 +113,7 @@ class Fp32SplitLinear(torch.autograd.Function):
         w_cat = weight_cat(weight, cache)
         ctx.save_for_backward(x, w_cat)
         if not ctx.grouped:
-            w = [w_cat[:, (2 - j) * k:(3 - j) * k] for j in range(3)]  # W_1, W_2, W_3
-            return mm_split(_pieces(x), w)
+            return mm_split(_pieces(x), _w_pieces(w_cat, k))
         # x_i against W_{3-i}..W_1, concatenated along K
         return _total(_mm(torch.cat([x_i] * (3 - i), dim=1), w_cat[:, i * k:].t()) for i, x_i in enumerate(_pieces(x)))
 
@@ -128,7 +127,7 @@ class Fp32SplitLinear(torch.autograd.Function):
         if not ctx.grouped:
             d_pieces = list(d.unbind(0))[::-1]
             if ctx.needs_input_grad[0]:
-                dx = mm_split(d_pieces, [w_cat[:, (2 - j) * k:(3 - j) * k].t() for j in range(3)]).to(ctx.x_dtype)
+                dx = mm_split(d_pieces, [w.t() for w in _w_pieces(w_cat, k)]).to(ctx.x_dtype)
             if ctx.needs_input_grad[1]:
                 dw = mm_split([p.t() for p in d_pieces], [p.t() for p in _pieces(x)])
             return dx, dw, None, None
@@ -139,6 +138,11 @@ class Fp32SplitLinear(torch.autograd.Function):
             dw = _total(_mm(d[j:].reshape((3 - j) * m, n).t(), torch.cat([x_j] * (3 - j)))
                         for j, x_j in enumerate(_pieces(x)))
         return dx, dw, None, None
+
+
+def _w_pieces(w_cat: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """W_1, W_2, W_3 (N, K) as views of [W_3 | W_2 | W_1]."""
+    return [w_cat[:, (2 - j) * k:(3 - j) * k] for j in range(3)]
 
 
 def _total(terms) -> torch.Tensor:
