@@ -14,7 +14,7 @@ triton = pytest.importorskip("triton")
 # the smoke config checks the kernels on CPU, under Triton's interpreter, which must be on before triton is first
 # imported: conftest turns it on only on a machine without a GPU (on the H200 this ran as a CPU check in a process
 # whose triton compiles for CUDA, and failed on its first launch)
-pytestmark = pytest.mark.skipif(torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+needs_interpreter = pytest.mark.skipif(torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="CPU kernel checks need TRITON_INTERPRET=1 from the start; GPU: `-m gpu`")
 
 
@@ -22,6 +22,7 @@ def _smoke_config() -> str:
     return json.dumps(yaml.safe_load(open("experiments/smoke.yaml")))
 
 
+@needs_interpreter
 def test_checks_pass_and_are_recorded(tmp_path, one_thread):
     out = tmp_path / "check.json"
     assert minite(["kernels", "--experiment-config", _smoke_config(), "--out", str(out), "--experiment", "t"]) == 0
@@ -33,6 +34,7 @@ def test_checks_pass_and_are_recorded(tmp_path, one_thread):
     assert all({"shape", "backend", "compile_s", "max_err", "verdict"} <= set(r) for r in res["rows"])
 
 
+@needs_interpreter
 def test_a_broken_kernel_stops_the_stage(tmp_path, monkeypatch, capsys, one_thread):
     from minite_core.kernels import grouped
 

@@ -106,20 +106,23 @@ class Fp32SplitLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, cache, invariant=False):
         n, k = weight.shape
-        ctx.x_dtype, ctx.grouped = x.dtype, n >= k
-        if invariant:  # forward only (the sampler's, the on-policy learner's): its own contiguous pieces
-            ctx.save_for_backward(x, weight_cat(weight, cache) if any(ctx.needs_input_grad[:2]) else None)
-            return mm_split(split3(x), weight_parts(weight, cache), invariant=True)
+        ctx.x_dtype, ctx.grouped = x.dtype, n >= k and not invariant
+        if invariant:  # the sampler's and the on-policy learner's forward; its backward is one GEMM a term
+            w = weight_parts(weight, cache)
+            ctx.save_for_backward(x, *w)
+            return mm_split(split3(x), w, invariant=True)
         w_cat = weight_cat(weight, cache)
-        ctx.save_for_backward(x, w_cat)
         if not ctx.grouped:
-            return mm_split(_pieces(x), _w_pieces(w_cat, k))
+            w = _w_pieces(w_cat, k)
+            ctx.save_for_backward(x, *w)
+            return mm_split(_pieces(x), w)
+        ctx.save_for_backward(x, w_cat)
         # x_i against W_{3-i}..W_1, concatenated along K
         return _total(_mm(torch.cat([x_i] * (3 - i), dim=1), w_cat[:, i * k:].t()) for i, x_i in enumerate(_pieces(x)))
 
     @staticmethod
     def backward(ctx, dy):
-        x, w_cat = ctx.saved_tensors
+        x, *w = ctx.saved_tensors  # [W_3 | W_2 | W_1] when grouped, else W_1, W_2, W_3
         m, n = dy.shape
         k = x.shape[1]
         d = dispatch.split3(dy.float(), "stack")  # (3, M, N): the pieces of dy, d_3 first
@@ -127,10 +130,11 @@ class Fp32SplitLinear(torch.autograd.Function):
         if not ctx.grouped:
             d_pieces = list(d.unbind(0))[::-1]
             if ctx.needs_input_grad[0]:
-                dx = mm_split(d_pieces, [w.t() for w in _w_pieces(w_cat, k)]).to(ctx.x_dtype)
+                dx = mm_split(d_pieces, [p.t() for p in w]).to(ctx.x_dtype)
             if ctx.needs_input_grad[1]:
                 dw = mm_split([p.t() for p in d_pieces], [p.t() for p in _pieces(x)])
             return dx, dw, None, None
+        w_cat = w[0]
         if ctx.needs_input_grad[0]:  # (M, K): d_i @ [W_{3-i} | … | W_1] is the 3 - i terms side by side
             dx = _total(_mm(d[2 - i], w_cat[:, i * k:]).view(m, 3 - i, k).sum(1) if i < 2
                         else _mm(d[0], w_cat[:, 2 * k:]) for i in range(3)).to(ctx.x_dtype)
