@@ -201,6 +201,32 @@ def split3(t: torch.Tensor, layout: str, *, backend: str | None = None) -> torch
     return triton_split3(t, layout)
 
 
+def moe_permute(x: torch.Tensor, layout, *, reference, backend: str | None = None) -> torch.Tensor:
+    """x (N, D) -> (Tp, D) in the padded MoE layout (`layout.src`, `layout.dest`): one launch each way on the fast
+    path (kernels/moe_rows.py), bitwise `reference(x, layout)` and its autograd; else `reference` itself."""
+    if not fast_path(x, backend):
+        return reference(x, layout)
+    from minite_core.kernels import moe_rows
+
+    if not moe_rows.supported(x):
+        return reference(x, layout)
+    return moe_rows.Permute.apply(x, layout.src, layout.dest)
+
+
+def moe_combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout, *, reference,
+                backend: str | None = None) -> torch.Tensor:
+    """(Tp, D), (N, k) -> (N, D) fp32, a token's k rows weighted and summed in rank order: one launch each way on
+    the fast path (kernels/moe_rows.py; forward and dy bitwise `reference(y_pad, top_w, layout)`, dtop_w within
+    fp32 summation order), else `reference` itself."""
+    if not fast_path(y_pad, backend):
+        return reference(y_pad, top_w, layout)
+    from minite_core.kernels import moe_rows
+
+    if not moe_rows.supported(y_pad, top_w):
+        return reference(y_pad, top_w, layout)
+    return moe_rows.Combine.apply(y_pad, top_w, layout.dest, layout.src)
+
+
 def rows_cols_spec(quant: Quant | None) -> bool:
     """Whether `quantize_rows_cols` takes this spec: dynamic, 1x16 blocks, no 4over6."""
     return (quant is not None and not quant.static and tuple(quant.block) == (1, 16)

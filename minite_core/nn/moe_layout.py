@@ -17,7 +17,8 @@ Triton launch instead (kernels/moe_layout.py: ~30 kernels -> 1 per MoE layer of 
 
 `permute` (x [N, D] -> x_pad [Tp, D]) has a deterministic backward: the k copies of a token's gradient are summed
 in rank order in fp32 (an index_add would sum them in a nondeterministic order on the GPU). `combine` weights
-each routed row by its router probability and sums a token's k rows in fp32, in rank order.
+each routed row by its router probability and sums a token's k rows in fp32, in rank order. On the fast path both
+are one Triton launch each way (kernels/moe_rows.py), the torch ops here their references.
 """
 from __future__ import annotations
 
@@ -113,11 +114,23 @@ class _Permute(torch.autograd.Function):
 
 
 def permute(x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
-    """x (N, D) -> x_pad (Tp, D) in the padded sorted layout."""
+    """x (N, D) -> x_pad (Tp, D) in the padded sorted layout: one Triton launch each way on the fast path
+    (kernels/moe_rows.py), bitwise `permute_reference`."""
+    return dispatch.moe_permute(x, layout, reference=permute_reference)
+
+
+def permute_reference(x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+    """`permute` in torch ops: a gather from x with a zero row appended; backward sums a token's k rows in fp32."""
     return _Permute.apply(x, layout)
 
 
 def combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torch.Tensor:
-    """y_pad (Tp, D), top_w (N, k) -> (N, D) fp32: sum_k top_w[t, k] * y_pad[dest[t, k]], in rank order. The
-    product is taken in the promoted dtype of (y_pad, top_w) — the router dtype decides — then summed in fp32."""
+    """y_pad (Tp, D), top_w (N, k) -> (N, D) fp32: sum_k top_w[t, k] * y_pad[dest[t, k]], in rank order. One
+    Triton launch each way on the fast path (kernels/moe_rows.py: the forward bitwise `combine_reference`)."""
+    return dispatch.moe_combine(y_pad, top_w, layout, reference=combine_reference)
+
+
+def combine_reference(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torch.Tensor:
+    """`combine` in torch ops. The product is taken in the promoted dtype of (y_pad, top_w) — the router dtype
+    decides — then summed in fp32 (torch sums over k in rank order)."""
     return (y_pad[layout.dest] * top_w[..., None]).float().sum(dim=1)
