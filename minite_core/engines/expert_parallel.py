@@ -12,7 +12,8 @@ Layout: rank q of R owns experts [q·E/R, (q+1)·E/R) (each GroupedLinear keeps 
      the rows of its experts;
   3. the owner lays the received rows out by local expert (a stable sort keeps source order inside an expert),
      runs the grouped SwiGLU and all-to-alls the outputs back;
-  4. the source combines a token's k outputs with its gate weights in fp32, in rank order (nn.moe_layout.combine).
+  4. the source puts the outputs back in its padded layout and combines a token's k of them with its gate
+     weights in fp32, in rank order: `nn.moe_layout.combine` itself, the same kernel as one process.
 Why it is exact: source ranks hold contiguous global rows, so an expert's rows arrive in global token order — each
 expert GEMM runs on the same rows as in one process, with its own per-expert amax and 16-token blocks and its
 own SR stream (the shard's token offset does not apply: `token_shard(None)` around the experts), and no
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
 from minite_core.nn.experts import GroupedLinear
-from minite_core.nn.moe_layout import expert_counts, moe_layout, permute
+from minite_core.nn.moe_layout import combine, expert_counts, moe_layout, permute
 from minite_core.nn.shard import token_shard
 
 
@@ -66,8 +67,9 @@ class ExpertParallel:
         y_recv = y_pad[lay.dest[:, 0]]  # (M, D)
         y_sorted = all_to_all_single(y_recv.new_empty(N * k, y_recv.shape[1]), y_recv, send, recv,
                                      group=self.group)
-        y = y_sorted[torch.argsort(order)].view(N, k, -1)  # (N, k, D) back in (token, rank) order
-        return (y * top_w[..., None]).float().sum(dim=1)  # as nn.moe_layout.combine: fp32, rank order
+        # back to their rows of this rank's padded layout (pad rows zero), then the single-process combine
+        y_back = y_sorted.new_zeros(layout.num_rows, y_sorted.shape[1]).index_copy(0, rows, y_sorted)  # (Tp, D)
+        return combine(y_back, top_w, layout)
 
 
 def install(model: torch.nn.Module, rank: int, world: int) -> ExpertParallel | None:

@@ -132,5 +132,6 @@ def combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torc
 
 def combine_reference(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torch.Tensor:
     """`combine` in torch ops. The product is taken in the promoted dtype of (y_pad, top_w) — the router dtype
-    decides — then summed in fp32 (torch sums over k in rank order)."""
+    decides — then summed in fp32 over k (in rank order on the CPU; torch's CUDA reduction may add in
+    another order, kernels/moe_rows.py)."""
     return (y_pad[layout.dest] * top_w[..., None]).float().sum(dim=1)
