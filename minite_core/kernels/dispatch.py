@@ -437,6 +437,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return InvariantRMSNorm.apply(x, weight, residual, eps, reference)
 
 
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, *, reference,
+                   backend: str | None = None) -> torch.Tensor:
+    """The learner's RMSNorm of x (..., D) [+ residual] (kernels/rmsnorm_grad.py): torch's mean and a one-launch
+    tail forward (the reference's bits on the GPU), a one-launch backward, on the fast path for bf16 activations;
+    else `reference(x, weight, residual)` (autograd through the torch ops)."""
+    if not fast_path(x, backend):
+        return reference(x, weight, residual)
+    from minite_core.kernels import rmsnorm_grad
+
+    if not rmsnorm_grad.supported(x, weight, residual):
+        return reference(x, weight, residual)
+    return rmsnorm_grad.FusedRMSNorm.apply(x, weight, residual, eps)
+
+
 def rms_norm_tail(x_fp32: torch.Tensor, ms: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype,
                   *, backend: str | None = None) -> torch.Tensor | None:
     """RMSNorm after its mean, bf16(w · bf16(x · rsqrt(ms + eps))), in one launch (kernels/rmsnorm_tail.py) on the

@@ -25,7 +25,9 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   cache under its slot mask: one cached-attention path for the reference and the fast (CUDA-graph) sampler.
 - Under a profile with `recompute_elementwise` (the NVFP4 learners), in grad mode the RMSNorms and SwiGLU save
   only their inputs for backward and run their elementwise ops again there (`nn.recompute`): the same bits as
-  autograd's plain graph, a fraction of its saved bytes.
+  autograd's plain graph, a fraction of its saved bytes. On the GPU fast path every learner profile's RMSNorm
+  saves only its inputs anyway: torch's mean, one launch for the rest, one for the backward
+  (kernels/rmsnorm_grad.py; the forward's bits, the gradients within one bf16 rounding).
 """
 from __future__ import annotations
 
@@ -59,16 +61,22 @@ class RMSNorm(nn.Module):
         if self.batch_invariant and dispatch.fast_path(x):
             return dispatch.rms_norm(x, self.weight, self.eps, residual, reference=self.reference)
         if torch.is_grad_enabled() and self.weight.requires_grad:
-            if not self.recompute:
-                return self.reference(x, self.weight, residual)
-            # saves x (and residual), not the fp32 upcast / normalised copies: the ops run again in backward
-            if residual is None:
-                return recompute(lambda x_, w_: self.reference(x_, w_, None), x, self.weight)
-            return recompute(self.reference, x, self.weight, residual)
+            # the fast path (every learner profile): torch's mean, the rest in one launch, the backward in one
+            # (kernels/rmsnorm_grad.py: the forward's bits, x saved); else autograd through the reference
+            return dispatch.rms_norm_fused(x, self.weight, self.eps, residual, reference=self.autograd_reference)
         # no gradient (decode, eval): the weight cast once per version (the same bits as .to()), and on the GPU
         # everything after torch's mean in one launch (dispatch.rms_norm_tail)
         weight = cast_weight(self.weight, x.dtype, self.weight_cache)
         return self.reference(x, weight, residual, tail=dispatch.rms_norm_tail)
+
+    def autograd_reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The reference under autograd; with the recompute knob it saves x (and residual), not the fp32 upcast
+        and normalised copies, and runs the ops again in backward."""
+        if not self.recompute:
+            return self.reference(x, weight, residual)
+        if residual is None:
+            return recompute(lambda x_, w_: self.reference(x_, w_, None), x, weight)
+        return recompute(self.reference, x, weight, residual)
 
     def reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
                   tail=None) -> torch.Tensor:

@@ -22,6 +22,8 @@ RNG state is stashed (the regions draw no random numbers: a region that did woul
 `preserve_rng_state`), and the inputs are saved with `save_for_backward`, so outer `saved_tensors_hooks`
 (bench.saved_activations counts with one) and FSDP2 see them as ordinary saved tensors. No double backward.
 The batch-invariant RMSNorm kernel's backward (kernels/rmsnorm.py, `InvariantRMSNorm`) already works this way.
+On the GPU fast path the RMSNorms do not come here: kernels/rmsnorm_grad.py saves the same inputs and runs the
+backward in one launch instead of this module's second forward and autograd's ~15 kernels.
 """
 from __future__ import annotations
 

@@ -78,13 +78,11 @@ def ops(path):
     json.dump(out, open(path, "w"), indent=1)
 
 
-def main():
-    if sys.argv[1] == "ops":
-        return ops(sys.argv[2])
-    cfg = resolve_config(sys.argv[1], torch.device("cuda"))
-    rounds = int(sys.argv[3])
+def steps(spec, path, rounds, use):
+    """Learner steps of the config `spec`, alternating use("before") / use("after"), one process; -> path."""
+    cfg = resolve_config(spec, torch.device("cuda"))
     model, opt, x, y = build(cfg, torch.device("cuda"))
-    out = {"config": sys.argv[1], "rounds": rounds, "ms": {}}
+    out = {"config": spec, "rounds": rounds, "ms": {}}
     for name in cfg.profiles:
         set_profile(model, name)
         times = {"before": [], "after": []}
@@ -104,7 +102,13 @@ def main():
               f"({med['before'] / med['after']:.3f}x)", flush=True)
     use("after")
     out["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
-    json.dump(out, open(sys.argv[2], "w"), indent=1)
+    json.dump(out, open(path, "w"), indent=1)
+
+
+def main():
+    if sys.argv[1] == "ops":
+        return ops(sys.argv[2])
+    steps(sys.argv[1], sys.argv[2], int(sys.argv[3]), use)
 
 
 if __name__ == "__main__":
