@@ -451,6 +451,30 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     return rmsnorm_grad.FusedRMSNorm.apply(x, weight, residual, eps)
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, reference, backend: str | None = None) -> torch.Tensor:
+    """silu(gate) * up (..., I): one launch forward and one backward on the fast path for bf16 (kernels/swiglu.py),
+    else `reference(gate, up)`."""
+    if not fast_path(gate, backend):
+        return reference(gate, up)
+    from minite_core.kernels import swiglu
+
+    if not swiglu.supported(gate, up):
+        return reference(gate, up)
+    return swiglu.SiluMul.apply(gate, up)
+
+
+def swiglu(gate_up: torch.Tensor, *, reference, backend: str | None = None) -> torch.Tensor:
+    """silu(gate) * up of one [gate | up] tensor (..., 2I) -> (..., I), as `silu_mul` (its gradient one [dgate |
+    dup] tensor: no cat), else `reference(gate_up)`."""
+    if not fast_path(gate_up, backend):
+        return reference(gate_up)
+    from minite_core.kernels import swiglu as kernel
+
+    if gate_up.shape[-1] % 2 or not kernel.supported(*gate_up.chunk(2, dim=-1)):
+        return reference(gate_up)
+    return kernel.SwiGLU.apply(gate_up)
+
+
 def rms_norm_tail(x_fp32: torch.Tensor, ms: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype,
                   *, backend: str | None = None) -> torch.Tensor | None:
     """RMSNorm after its mean, bf16(w · bf16(x · rsqrt(ms + eps))), in one launch (kernels/rmsnorm_tail.py) on the

@@ -177,7 +177,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 class DenseMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)) (Qwen3MLP / Qwen3MoeMLP); under `recompute_elementwise` silu(gate) * up
-    is recomputed in backward (only the two GEMM outputs are saved for it)."""
+    is recomputed in backward (only the two GEMM outputs are saved for it). On the fast path one launch each way
+    (kernels/swiglu.py), saving the same two."""
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -188,8 +189,11 @@ class DenseMLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)
-        h = recompute(silu_mul, gate, up) if self.down_proj.profile.recompute_elementwise else silu_mul(gate, up)
-        return self.down_proj(h)
+        return self.down_proj(dispatch.silu_mul(gate, up, reference=self.silu_mul_reference))
+
+    def silu_mul_reference(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """Torch's ops; with the recompute knob, only gate and up are saved (the fast path saves only them too)."""
+        return recompute(silu_mul, gate, up) if self.down_proj.profile.recompute_elementwise else silu_mul(gate, up)
 
 
 class Experts(nn.Module):
@@ -204,8 +208,12 @@ class Experts(nn.Module):
     def forward(self, x_pad: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
         gate_up = self.gate_up(x_pad, layout)  # (Tp, 2I)
-        h = recompute(swiglu, gate_up) if self.down.profile.recompute_elementwise else swiglu(gate_up)  # (Tp, I)
+        h = dispatch.swiglu(gate_up, reference=self.swiglu_reference)  # (Tp, I)
         return self.down(h, layout)
+
+    def swiglu_reference(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """Torch's ops; with the recompute knob, only gate_up is saved (the fast path saves only it too)."""
+        return recompute(swiglu, gate_up) if self.down.profile.recompute_elementwise else swiglu(gate_up)
 
 
 class SparseMoE(nn.Module):
