@@ -470,7 +470,7 @@ def swiglu(gate_up: torch.Tensor, *, reference, backend: str | None = None) -> t
         return reference(gate_up)
     from minite_core.kernels import swiglu as kernel
 
-    if gate_up.shape[-1] % 2 or not kernel.supported(*gate_up.chunk(2, dim=-1)):
+    if not kernel.supported(*gate_up.chunk(2, dim=-1)):  # an odd width gives unequal halves: not supported
         return reference(gate_up)
     return kernel.SwiGLU.apply(gate_up)
 

@@ -27,9 +27,9 @@ BLOCK = 1024  # columns a program handles: an expert's 768-wide half in one step
 
 
 @triton.jit
-def _sigmoid(g, GPU: tl.constexpr):
-    e = libdevice.exp(-g) if GPU else tl.exp(-g)
-    return tl.math.div_rn(1.0, 1.0 + e), 1.0 + e
+def _one_plus_exp_neg(g, GPU: tl.constexpr):
+    # 1 + exp(-g): silu's and sigmoid's denominator
+    return 1.0 + (libdevice.exp(-g) if GPU else tl.exp(-g))
 
 
 @triton.jit
@@ -40,8 +40,7 @@ def _swiglu_forward_kernel(g_ptr, u_ptr, h_ptr, I, sg, su, sh, GPU: tl.constexpr
     ok = c < I
     g = tl.load(g_ptr + r * sg + c, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + r * su + c, mask=ok, other=0.0).to(tl.float32)
-    _, den = _sigmoid(g, GPU)
-    s = tl.math.div_rn(g, den).to(tl.bfloat16).to(tl.float32)
+    s = tl.math.div_rn(g, _one_plus_exp_neg(g, GPU)).to(tl.bfloat16).to(tl.float32)
     tl.store(h_ptr + r * sh + c, (s * u).to(tl.bfloat16), mask=ok)
 
 
@@ -54,7 +53,8 @@ def _swiglu_backward_kernel(g_ptr, u_ptr, dh_ptr, dg_ptr, du_ptr, I, sg, su, sdh
     g = tl.load(g_ptr + r * sg + c, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + r * su + c, mask=ok, other=0.0).to(tl.float32)
     dh = tl.load(dh_ptr + r * sdh + c, mask=ok, other=0.0).to(tl.float32)
-    sig, den = _sigmoid(g, GPU)
+    den = _one_plus_exp_neg(g, GPU)
+    sig = tl.math.div_rn(1.0, den)
     s = tl.math.div_rn(g, den).to(tl.bfloat16).to(tl.float32)
     ds = (dh * u).to(tl.bfloat16).to(tl.float32)
     tl.store(du_ptr + r * sdu + c, (dh * s).to(tl.bfloat16), mask=ok)
