@@ -38,11 +38,19 @@ def _few_bits(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(x.float().clamp(-4, 4) * 2) / 2).to(torch.bfloat16)
 
 
-def _block_k(m: int, k: int, device, grouped_experts: int = 0) -> int:
+def _order(m: int, n: int, k: int, device, grouped_experts: int = 0, config: dict | None = None) -> dict:
+    """The kernel's accumulation order for this call (decode.decode_config): block_k and split_k."""
     from minite_core.kernels import decode
 
-    rows = decode.grouped_block_m(m, grouped_experts) if grouped_experts else m
-    return decode._tiles(rows, k, dict(decode.DECODE_CONFIG), torch.device(device))["BLOCK_K"]
+    dev = torch.device(device)
+    if grouped_experts:
+        max_tiles = -(-m // decode.grouped_block_m(m, grouped_experts)) + grouped_experts
+        cfg = decode.decode_config(max_tiles, n, k, dev, dict(config or {},
+                                                              BLOCK_M=decode.grouped_block_m(m, grouped_experts)))
+    else:
+        cfg = decode.decode_config(-(-m // (16 if m <= 16 else 64)), n, k, dev,
+                                   dict(config or {}, **({} if m <= 16 else {"BLOCK_M": 64})))
+    return {"block_k": cfg["BLOCK_K"], "split_k": cfg["SPLIT_K"]}
 
 
 def _weight(n, k, seed, device=DEV, scale_mode="tensor"):
@@ -70,14 +78,14 @@ def _check_dense(m, n, k, device, exact: bool = True):
             x = _x(m, k, 2, device)
             x = _few_bits(x) if act is None else x
             y = packed_gemm_triton(x, w, act=act, amax=_amax(act, device), out_dtype=torch.float32)
-            y_ref = packed_gemm_reference(x, w, act=act, amax=_amax(act, device), block_k=_block_k(m, k, device))
+            y_ref = packed_gemm_reference(x, w, act=act, amax=_amax(act, device), **_order(m, n, k, device))
             if exact:
                 assert torch.equal(y, y_ref), (m, scale_mode, name, (y - y_ref).abs().max().item())
             else:
                 assert ((y - y_ref).norm() / y_ref.norm()).item() < REL_TOL, (m, scale_mode, name)
         x = _x(m, k, 3, device)  # random bf16 W4A16: inexact sums
         y = packed_gemm_triton(x, w, out_dtype=torch.float32)
-        y_ref = packed_gemm_reference(x, w, block_k=_block_k(m, k, device))
+        y_ref = packed_gemm_reference(x, w, **_order(m, n, k, device))
         assert ((y - y_ref).norm() / y_ref.norm()).item() < REL_TOL
 
 
@@ -97,8 +105,8 @@ def _check_grouped(k, device, exact: bool = True):
         x = _few_bits(x) if act is None else x
         x[5:16] = 0  # pad rows of expert 0's segment
         y = grouped_packed_gemm_triton(x, packed, offs, act=act, amax=_amax(act, device), out_dtype=torch.float32)
-        bk = _block_k(48, k, device, grouped_experts=E)
-        y_ref = torch.cat([packed_gemm_reference(x[s:t], ws[e], act=act, amax=_amax(act, device), block_k=bk)
+        order = _order(48, N, k, device, grouped_experts=E)
+        y_ref = torch.cat([packed_gemm_reference(x[s:t], ws[e], act=act, amax=_amax(act, device), **order)
                            for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s])
         if exact:
             assert torch.equal(y, y_ref), (name, (y - y_ref).abs().max().item())
@@ -110,6 +118,22 @@ def _check_grouped(k, device, exact: bool = True):
 @pytest.mark.parametrize("m", [1, 5, 20])
 def test_packed_gemm_equals_block_order_reference(m, one_thread):
     _check_dense(m, 40, 96, DEV)
+
+
+@cpu_kernels
+@pytest.mark.parametrize("config", [{"SPLIT_K": 1}, {"SPLIT_K": 2}, {"SPLIT_K": 16}])
+def test_packed_gemm_split_k_and_ragged_k(config, one_thread):
+    """Split-K (the tickets, the slice-ordered sum; more slices than chunks clipped) and a K that is not a multiple
+    of BLOCK_K (the masked loads), against the reference in the same order — bitwise (exact sums)."""
+    from minite_core.kernels.decode import packed_gemm_triton
+
+    w = _weight(24, 80, 7)
+    for name, act in ACTS.items():
+        x = _x(3, 80, 8)
+        x = _few_bits(x) if act is None else x
+        y = packed_gemm_triton(x, w, act=act, amax=_amax(act), out_dtype=torch.float32, config=config)
+        y_ref = packed_gemm_reference(x, w, act=act, amax=_amax(act), **_order(3, 24, 80, DEV, config=config))
+        assert torch.equal(y, y_ref), (config, name)
 
 
 @cpu_kernels

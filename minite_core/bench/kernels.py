@@ -343,49 +343,98 @@ def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10,
         del x, w, wt, W, A, dy
 
 
-def bench_decode(rec, reps=20, sweep=False):
-    from minite_core.kernels.decode import decode_gemm_triton
-    from minite_core.kernels.quantize import quantize_triton
-    from minite_core.kernels.reference import decode_gemm_reference
+DECODE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+                for bn, bk, nw, ns in ((32, 256, 4, 2), (64, 256, 4, 2), (128, 256, 4, 2), (64, 512, 4, 2),
+                                       (128, 128, 4, 2), (64, 128, 4, 3), (128, 256, 8, 2), (64, 256, 4, 3))]
 
+
+def bench_decode(rec, reps=20, sweep=False):
+    """Packed-weight decode GEMMs (kernels/decode.py) against cuBLAS bf16 F.linear on the same shapes, each
+    captured in one CUDA graph cycling over > 4x L2 of its own weight bytes; bandwidth = weight bytes read / time
+    against the D2D copy bandwidth of this run. W4A16 (x bf16) and W4A4 with the fused per-token quantizer (the
+    sampler's minite-packed path), then the MoE experts' grouped packed GEMM at decode against torch._grouped_mm."""
+    from minite_core.bench.timing import copy_bandwidth
+    from minite_core.kernels.decode import decode_config, packed_gemm_triton
+    from minite_core.kernels.quantize import quantize_triton
+    from minite_core.kernels.reference import packed_gemm_reference
+    from minite_core.profiles import Quant
+
+    copy_gbps = copy_bandwidth("cuda")
+    rec.add("d2d-copy", "1 GiB", (2 * (1 << 30) / copy_gbps / 1e6,) * 3, gbps=copy_gbps)
+    row_act = Quant(scale_mode="row")
     for nk in (4096, 8192):
-        copies = max(4, (256 << 20) // (nk * nk * 2))  # bf16 weight sets > 4x L2
-        ws = [torch.randn(nk, nk, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        qw = [quantize_triton(w)[0] for w in ws]
+        l2x4 = 256 << 20
+        ws = [torch.randn(nk, nk, device="cuda", dtype=torch.bfloat16) * 0.02
+              for _ in range(max(4, l2x4 // (nk * nk * 2)))]
+        qw = [quantize_triton(ws[i % len(ws)])[0] for i in range(max(4, l2x4 // int(nk * nk * 0.5625)))]
+        bytes_bf16, bytes_w4 = nk * nk * 2, nk * nk * 0.5625
         for m in (1, 8, 16):
             shape = f"M{m} N{nk} K{nk}"
             x = torch.randn(m, nk, device="cuda", dtype=torch.bfloat16)
             t_bf16 = time_graph([lambda w=w: F.linear(x, w) for w in ws], reps)
-            rec.add("decode-bf16-cublas", shape, t_bf16, gbps=nk * nk * 2 / t_bf16[0] / 1e6)
+            g = bytes_bf16 / t_bf16[0] / 1e6
+            rec.add("decode-bf16-cublas", shape, t_bf16, gbps=g, bw_frac=g / copy_gbps)
+
+            def run(cfg=None, label=""):
+                cfg_m = decode_config(1 if m <= 16 else -(-m // 64), nk, nk, x.device, cfg)
+                for name, act in (("w4a16", None), ("w4a4", row_act)):
+                    y = packed_gemm_triton(x, qw[0], act=act, out_dtype=torch.float32, config=cfg)
+                    yr = packed_gemm_reference(x, qw[0], act=act, block_k=cfg_m["BLOCK_K"], split_k=cfg_m["SPLIT_K"])
+                    rel = ((y - yr).norm() / yr.norm()).item()
+                    t = time_graph([lambda q=q: packed_gemm_triton(x, q, act=act, config=cfg) for q in qw], reps)
+                    gb = bytes_w4 / t[0] / 1e6
+                    rec.add(f"decode-{name}-packed{label}", shape, t, "decode-bf16-cublas", t_bf16, gbps=gb,
+                            bw_frac=gb / copy_gbps, rel_err=rel, split_k=cfg_m["SPLIT_K"],
+                            placed=int(cfg_m["PLACED"]))
+            _guard(rec, "decode-packed", shape, run)
+            if sweep:
+                for cfg in DECODE_SWEEP + [dict(PLACED=False)]:
+                    for split in ((None, 1) if "PLACED" not in cfg else (None,)):
+                        c = dict(cfg, **({} if split is None else {"SPLIT_K": split}))
+                        lbl = "-cfg-" + "-".join(f"{k[0].lower()}{v}" for k, v in c.items())
+                        _guard(rec, "decode" + lbl, shape, lambda c=c, lbl=lbl: run(c, lbl))
+        del ws, qw
+    bench_decode_moe(rec, reps)
+
+
+def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
+    """The MoE experts at decode (Qwen3-30B-A3B's expert shapes): batch tokens x top-k rows on the padded sorted
+    layout, packed NVFP4 grouped GEMM (W4A16 and fused W4A4) vs torch._grouped_mm on bf16 expert weights; the
+    bytes are those of the experts the batch touches."""
+    from minite_core.kernels.decode import grouped_packed_gemm_triton
+    from minite_core.kernels.operands import PackedExperts
+    from minite_core.kernels.quantize import quantize_triton
+    from minite_core.nn.moe_layout import moe_layout
+    from minite_core.profiles import Quant
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+        copies = max(4, (256 << 20) // (experts * n * k * 2))
+        ws = [torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        packed = []
+        for w in ws:
+            q = quantize_triton(w.reshape(experts * n, k))[0]
+            packed.append(PackedExperts(q.data.view(experts, n, k // 2), q.scale.view(experts, n, k // 16),
+                                        q.global_scale.expand(experts).contiguous()))
+        for tokens in (1, 16):
+            top = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=-1).indices
+            layout = moe_layout(top, experts)
+            touched = int(top.unique().numel())
+            rows, offs, ends = layout.num_rows, layout.offs, layout.offs[1:].to(torch.int32)
+            shape = f"T{tokens}x{topk} E{experts} N{n} K{k}"
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            t_bf16 = time_graph([lambda w=w: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends) for w in ws], reps)
+            rec.add(f"decode-moe-{name}-bf16-grouped_mm", shape, t_bf16, touched_experts=touched,
+                    gbps=touched * n * k * 2 / t_bf16[0] / 1e6)
 
             def run():
-                y = decode_gemm_triton(x, qw[0], out_dtype=torch.float32)
-                yr = decode_gemm_reference(x, qw[0])
-                rel = ((y - yr).norm() / yr.norm()).item()
-                t = time_graph([lambda q=q: decode_gemm_triton(x, q) for q in qw], reps)
-                rec.add("decode-w4a16-triton", shape, t, "decode-bf16-cublas", t_bf16,
-                        gbps=nk * nk * 0.5625 / t[0] / 1e6, rel_err=rel)
-
-                def w4a4(q):
-                    tx, dx = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
-                    return decode_gemm_triton(dx, q, x_scale=tx.global_scale)
-                t2 = time_graph([lambda q=q: w4a4(q) for q in qw], reps)
-                rec.add("decode-w4a4-triton(quant+gemm)", shape, t2, "decode-bf16-cublas", t_bf16)
-                # what limits it: the same bytes and tensor-core work with the dequantization left out (timing only)
-                from minite_core.kernels.decode import DECODE_CONFIG
-                from minite_core.kernels.decode_stream import stream_w4
-
-                t4 = time_graph([lambda q=q: stream_w4(x, q, DECODE_CONFIG) for q in qw], reps)
-                rec.add("decode-w4-stream-no-dequant(timing only)", shape, t4, "decode-bf16-cublas", t_bf16,
-                        gbps=nk * nk * 0.5625 / t4[0] / 1e6)
-                if sweep:
-                    for bn, bk, nw, ns in [(16, 256, 4, 3), (32, 512, 4, 3), (64, 256, 4, 4), (16, 512, 4, 4),
-                                           (32, 256, 8, 4), (64, 128, 4, 4)]:
-                        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-                        t3 = time_graph([lambda q=q: decode_gemm_triton(x, q, config=cfg) for q in qw], reps)
-                        rec.add(f"decode-w4a16-cfg-bn{bn}-bk{bk}-w{nw}-s{ns}", shape, t3, "decode-bf16-cublas", t_bf16)
-            _guard(rec, "decode", shape, run)
-        del ws, qw
+                for label, act in (("w4a16", None), ("w4a4", Quant(scale_mode="row"))):
+                    t = time_graph([lambda p=p: grouped_packed_gemm_triton(x, p, offs, act=act) for p in packed],
+                                   reps)
+                    rec.add(f"decode-moe-{name}-{label}-packed", shape, t, f"decode-moe-{name}-bf16-grouped_mm",
+                            t_bf16, gbps=touched * n * k * 0.5625 / t[0] / 1e6)
+            _guard(rec, f"decode-moe-{name}", shape, run)
+        del ws, packed
 
 
 def _env(commit):

@@ -114,3 +114,12 @@ def timed_rounds(iters: int, left_s: float, round_s: float) -> int:
     if round_s <= 0:
         return iters
     return max(min(3, iters), min(iters, int(left_s / round_s)))
+
+
+def copy_bandwidth(device: torch.device | str, nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s, bytes read + written (METHOD.md's ceiling), measured now: the
+    median of `reps` copies of an `nbytes` buffer (many times any L2)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    s = bench(lambda: dst.copy_(src), warmup=3, reps=reps, device=device)
+    return 2 * nbytes / (s.median_ms / 1e3) / 1e9

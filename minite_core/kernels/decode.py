@@ -2,36 +2,44 @@
 
 At decode (a few rows per GEMM) a linear layer streams its weights once and does almost no arithmetic per byte, so
 time is bytes: bf16 weights are 2 B/element, NVFP4 weights 0.5 + 1/16 = 0.5625 B/element (codes + e4m3 scales),
-an ideal 3.56x fewer bytes. The kernel dequantizes the weight tile in registers (e2m1 bits -> fp32 by placing the
-3 magnitude bits at the bottom of the fp32 exponent and rescaling by 2^126, times the decoded e4m3 scale; exact
-in bf16) and feeds the tensor cores. Activation kinds (`ACT`):
+an ideal 3.56x fewer bytes. Two things keep a kernel from that limit (METHOD.md: time one stage left out): too
+few bytes in flight (a few N-tile programs walking all of K), and the dequantization's integer work per weight.
+This kernel answers both:
+- split-K: the grid is (N tiles, row tiles, K slices); each program streams one K slice of one N tile, so
+  enough programs are resident to keep HBM busy. The fp32 partials go to a workspace and the last program of a
+  tile (an atomic ticket) adds them in ascending slice order and applies the epilogue: deterministic, one launch,
+  capturable (the tickets return to zero at the end of every launch).
+- dequantization on byte pairs: no nibble join. A byte holds an even column (low nibble) and an odd column (high
+  nibble), so the kernel multiplies the even columns of x by the low nibbles and the odd columns by the high
+  ones (two tensor-core dots a K chunk). On the GPU one inline-PTX routine turns 4 code bytes into 8 16-bit floats
+  (byte permute, shift and mask: the e2m1 bits land in a 16-bit float's exponent/mantissa, its value times a
+  fixed power of two), then one multiply by the block scale. W4A4 (fused activation quantizer) runs the dot in
+  fp16: both x̂ = e2m1·e4m3 and ŵ·2^-14 are exact there (<= 6 significant bits, >= 2^-24), so the products are the
+  bf16 ones; W4A16 keeps bf16 (x is any bf16) with ŵ·2^-7. The power of two comes back exactly in the epilogue.
+  Under TRITON_INTERPRET (CPU) the same values come from plain integer/fp32 arithmetic (`_e2m1_to_fp32`).
+
+Activation kinds (`ACT`):
 - 0, as given: x bf16 times an optional S_x (per row or tensor): W4A16 (vLLM's Marlin on Hopper) with S_x = 1,
   or W4A4 on an already-quantized activation (x = e2m1(q_x)·sf_x, S_x its S_dec);
-- 1, fused quantizer: x (bf16/fp32) is quantized to NVFP4 in registers in the main loop (1x16 blocks, RNE,
-  `exact` or `fast`, `kernels.quantize.quantize_dq_tile`, codes equal to the quantize kernel's) from one amax
-  per row given by the launcher: per-token dynamic (a row-amax pass), per-tensor static (calibrated) or
-  dynamic (amax of the row amaxes) — the W4A4 decode of `vllm-nvfp4` and `minite` with no separate quantize
-  launch and no bf16 activation copy in memory. Every N-tile program re-quantizes its rows (M x K, small).
+- 1, fused quantizer: x (bf16/fp32) is quantized to NVFP4 in registers (1x16 blocks, RNE, `exact` or `fast`,
+  `kernels.quantize.quantize_dq_tile`, codes equal to the quantize kernel's) from one amax per row given by the
+  launcher: per-token dynamic (a row-amax pass), per-tensor static (calibrated) or dynamic (amax of the row
+  amaxes) — no separate quantize launch and no bf16 activation copy in memory.
 Epilogue: acc * (S_x * S_w), the order of the bf16-copy GEMMs' epilogue (kernels.gemm._epilogue).
 
 Layouts: dense (W [N, K], rows tiled by BLOCK_M) or grouped (`GROUPED`, the MoE's padded sorted layout of
 kernels/grouped.py: W [E, N, K] packed, S_w per expert, the device-side tile schedule of `grouped_schedule`):
 no per-expert loop, no host sync, static shapes — capturable in a CUDA graph.
 
-Accumulation order: per output element, fp32 over K in BLOCK_K chunks in ascending order (tl.dot within a
-chunk), no split-K: deterministic, but not the order of the cuBLAS / Triton GEMMs on bf16 weight copies (another
-tile shape), so a profile's `decode_gemm: "packed"` is its own numerics knob (profiles.py).
-`kernels.reference.packed_gemm_reference` is this kernel's block order in plain torch.
+Accumulation order (`kernels.reference.packed_gemm_reference` spells it in plain torch): per output element, K is
+cut into SPLIT_K slices of whole BLOCK_K chunks; in a slice, chunk by chunk in ascending K, the even columns' dot
+then the odd columns' dot (fp32, tl.dot within a dot); then the slices' sums added in ascending slice order.
+Deterministic, but not the order of the cuBLAS / Triton GEMMs on bf16 weight copies, so a profile's
+`decode_gemm: "packed"` is its own numerics knob (profiles.py). Tiles and SPLIT_K depend on the shape only
+(`decode_config`), never on the values: a row's bits depend on the other rows of the call only through the
+shape (not batch-invariant; minite-onpolicy keeps its own invariant GEMM).
 
-Measured on the H200 before the fused quantizer (results/h200/bench, CUDA-graph replays cycling over > 4x L2 of
-weights, medians): cuBLAS bf16 0.0137-0.0141 ms at N=K=4096 (2.4 TB/s), 0.0357-0.0360 ms at 8192 (3.7 TB/s).
-This kernel (then-default BLOCK_N=32, BLOCK_K=256, 4 warps, 3 stages): 0.0135-0.0150 ms at 4096 and
-0.0372-0.0390 ms at 8192, i.e. 0.92-1.04x of cuBLAS — only ~0.7-1.0 TB/s of packed bytes: the in-register
-dequantization is ALU-bound (~6 integer/fp32 ops per weight; 4.3 TB/s / 0.5625 B = 7.6 Tweights/s over 132 SMs).
-Sweep best: (32, 512, 4 warps, 3 stages) 1.04-1.07x at 4096, 0.90-0.97x at 8192 (now the default).
-W4A4 decode with a separate quantize launch: 0.041-0.048 ms at 4096 and 0.10-0.11 ms at 8192 (the quantize launch
-dominated; hence the fused quantizer, to be measured). Next steps (not done): Marlin-style packed conversion
-(int32 word -> bf16x2 pairs with LOP3 and one HFMA2 per pair, scale folded).
+Measurements (H200, `minite bench kernels --only decode`): results/h200/bench/kernels.json and NOTES.md.
 """
 from __future__ import annotations
 
@@ -44,7 +52,32 @@ from minite_core.kernels.gemm import INTERPRET, _dot
 from minite_core.kernels.operands import PackedExperts
 from minite_core.kernels.quantize import _global_scales, quantize_dq_tile
 
-DECODE_CONFIG = dict(BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=3)  # H200 sweep, see docstring
+# Tiles and split-K by shape (`decode_config`). (BLOCK_N, BLOCK_K, warps, stages): H200 sweep in
+# results/h200/bench/NOTES.md; PROGRAMS_PER_SM: how many programs split-K aims for (enough loads in flight).
+DECODE_CONFIG = dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2)
+PROGRAMS_PER_SM = 4
+MAX_SPLIT_K = 16
+_SMS: dict = {}
+_TICKETS: dict = {}  # per device: int32 counters, all zero between launches
+TICKETS = 1 << 16  # ticket slots per device (a launch needs one per output tile)
+
+# 4 code bytes -> 8 16-bit floats whose values are e2m1(code) * 2^-BIAS (inline PTX, one routine a 32-bit word).
+# t0 / t1 = bytes (b0, b1) / (b2, b3) spread to the two 16-bit halves (prmt); the low nibble's 3 magnitude bits
+# are shifted to the float's lowest exponent bits + top mantissa bit, its sign bit to bit 15 (and the same for the
+# high nibble): e2m1 0.5 lands on the float's subnormal 2^-BIAS-1, exactly. Outputs: $0,$1 = low nibbles of
+# (b0, b1), (b2, b3); $2,$3 = high nibbles. bf16: BIAS = 126; fp16: BIAS = 14.
+_PLACE = """{{
+.reg .b32 t0, t1, z, a, b;
+mov.b32 z, 0;
+prmt.b32 t0, $4, z, 0x4140;
+prmt.b32 t1, $4, z, 0x4342;
+shl.b32 a, t0, {lo}; and.b32 a, a, {mag}; shl.b32 b, t0, 12; and.b32 b, b, 0x80008000; or.b32 $0, a, b;
+shl.b32 a, t1, {lo}; and.b32 a, a, {mag}; shl.b32 b, t1, 12; and.b32 b, b, 0x80008000; or.b32 $1, a, b;
+shl.b32 a, t0, {hi}; and.b32 a, a, {mag}; shl.b32 b, t0, 8; and.b32 b, b, 0x80008000; or.b32 $2, a, b;
+shl.b32 a, t1, {hi}; and.b32 a, a, {mag}; shl.b32 b, t1, 8; and.b32 b, b, 0x80008000; or.b32 $3, a, b;
+}}"""
+PLACE_BF16 = tl.constexpr(_PLACE.format(lo=6, hi=2, mag="0x01C001C0"))
+PLACE_FP16 = tl.constexpr(_PLACE.format(lo=9, hi=5, mag="0x0E000E00"))
 
 
 @triton.jit
@@ -65,16 +98,54 @@ def _e2m1_to_fp32(c):
 
 
 @triton.jit
+def _scaled(v, sf, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """v (BN, BK/2) times its block scale sf (BN, BK/16): 8 of a half's columns share one 16-column block."""
+    return tl.reshape(tl.reshape(v, [BLOCK_N, BLOCK_K // 16, 8]) * sf[:, :, None], [BLOCK_N, BLOCK_K // 2])
+
+
+@triton.jit
+def _dequant_halves(wq, ws, PLACED: tl.constexpr, MMA16: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """Packed bytes wq (BN, BK/2) uint8 + scale bytes ws (BN, BK/16) -> (even columns, odd columns) of ŵ in the
+    dot's dtype, times 2^-EXP (`_EPI` gives it back): exact (e2m1 x e4m3 has <= 6 significant bits)."""
+    sf = _e4m3_to_fp32(ws.to(tl.int32))
+    if PLACED:  # inline PTX (GPU): 16-bit floats e2m1 * 2^-BIAS, one multiply by the scale
+        if MMA16:  # fp16: e2m1 * 2^-14 * sf, a multiple of 2^-24 below 0.17: exact in fp16
+            lo, hi = tl.inline_asm_elementwise(PLACE_FP16, "=r,=r,=r,=r,r", [wq], dtype=(tl.float16, tl.float16),
+                                               is_pure=True, pack=4)
+            s16 = sf.to(tl.float16)
+            w_even = _scaled(lo, s16, BLOCK_N, BLOCK_K)
+            w_odd = _scaled(hi, s16, BLOCK_N, BLOCK_K)
+        else:
+            lo, hi = tl.inline_asm_elementwise(PLACE_BF16, "=r,=r,=r,=r,r", [wq],
+                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            s = sf * 6.646139978924579e35  # 2^119: e2m1 * 2^-126 * sf * 2^119 = ŵ * 2^-7, a bf16 normal
+            w_even = _scaled(lo.to(tl.float32), s, BLOCK_N, BLOCK_K).to(tl.bfloat16)
+            w_odd = _scaled(hi.to(tl.float32), s, BLOCK_N, BLOCK_K).to(tl.bfloat16)
+    else:
+        b = wq.to(tl.int32)
+        dt: tl.constexpr = tl.float16 if MMA16 else tl.bfloat16
+        w_even = _scaled(_e2m1_to_fp32(b & 15), sf, BLOCK_N, BLOCK_K).to(dt)
+        w_odd = _scaled(_e2m1_to_fp32((b >> 4) & 15), sf, BLOCK_N, BLOCK_K).to(dt)
+    return w_even, w_odd
+
+
+@triton.jit
 def _packed_kernel(
-    x_ptr, wq_ptr, ws_ptr, y_ptr, sx_ptr, sw_ptr, tile_expert_ptr, tile_row_ptr, offs_ptr, num_tiles_ptr,
-    M, N, K, stride_xm, stride_ym, stride_swe,
+    x_ptr, wq_ptr, ws_ptr, y_ptr, sx_ptr, sw_ptr, part_ptr, ticket_ptr,
+    tile_expert_ptr, tile_row_ptr, offs_ptr, num_tiles_ptr,
+    M, N, K, K_SLICE, stride_xm, stride_ym, stride_swe, stride_wq, stride_ws,
     ACT: tl.constexpr, HAS_SX: tl.constexpr, SX_ROW: tl.constexpr, SW_ROW: tl.constexpr, FAST: tl.constexpr,
-    GROUPED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    INTERPRET: tl.constexpr = False,
+    GROUPED: tl.constexpr, SPLIT_K: tl.constexpr, PLACED: tl.constexpr, MMA16: tl.constexpr, EPI: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr = False,
 ):
-    # x [M, K]; W packed: wq [(E,) N, K/2] uint8, ws [(E,) N, K/16] e4m3 bytes; y [M, N]. ACT=1: sx = amax per row
+    # x [M, K]; W packed: wq [(E,) N, K/2] uint8, ws [(E,) N, K/16] e4m3 bytes (row strides passed on their own so
+    # Triton's divisibility-by-16 specialization sees them: 16-byte code loads); y [M, N]. ACT=1: sx = amax per row.
+    # part [SPLIT_K, grid_m * BLOCK_M, N] fp32 partials; ticket [grid_m * grid_n] int32 (zero between launches)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
     if GROUPED:  # tile pid_m: rows [tile_row, min(+BLOCK_M, offs[e+1])) of expert e
         if pid_m >= tl.load(num_tiles_ptr):
             return
@@ -95,47 +166,123 @@ def _packed_kernel(
     rk16 = tl.arange(0, BLOCK_K // 16)
     if ACT == 1:
         s_enc, s_dec = _global_scales(tl.load(sx_ptr + xm))  # (BM,) per-row global scales of the activation
+    xdt = tl.float16 if MMA16 else tl.bfloat16
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + xm[:, None] * stride_xm + (k0 + rk)[None, :], mask=(k0 + rk)[None, :] < K, other=0.0)
+    k_start = pid_k * K_SLICE
+    for k0 in range(k_start, tl.minimum(k_start + K_SLICE, K), BLOCK_K):
+        x_ptrs = x_ptr + xm[:, None] * stride_xm + (k0 + rk)[None, :]
+        wq_ptrs = wq_ptr + w_row[:, None] * stride_wq + (k0 // 2 + rk2)[None, :]
+        ws_ptrs = ws_ptr + w_row[:, None] * stride_ws + (k0 // 16 + rk16)[None, :]
+        if EVEN_K:  # no K mask: 16-byte loads of the codes
+            x = tl.load(x_ptrs)
+            wq = tl.load(wq_ptrs)  # (BN, BK/2)
+            ws = tl.load(ws_ptrs)  # (BN, BK/16)
+        else:
+            x = tl.load(x_ptrs, mask=(k0 + rk)[None, :] < K, other=0.0)
+            wq = tl.load(wq_ptrs, mask=(k0 // 2 + rk2)[None, :] < K // 2, other=0)
+            ws = tl.load(ws_ptrs, mask=(k0 // 16 + rk16)[None, :] < K // 16, other=0)
         if ACT == 1:
             x = quantize_dq_tile(x.to(tl.float32), s_enc, s_dec, FAST, BLOCK_M, BLOCK_K)
-        wq = tl.load(wq_ptr + w_row[:, None] * (K // 2) + (k0 // 2 + rk2)[None, :],
-                     mask=(k0 // 2 + rk2)[None, :] < K // 2, other=0).to(tl.int32)  # (BN, BK/2)
-        ws = tl.load(ws_ptr + w_row[:, None] * (K // 16) + (k0 // 16 + rk16)[None, :],
-                     mask=(k0 // 16 + rk16)[None, :] < K // 16, other=0).to(tl.int32)  # (BN, BK/16)
-        codes = tl.reshape(tl.join(wq & 15, wq >> 4), [BLOCK_N, BLOCK_K])  # even column = low nibble
-        sf = _e4m3_to_fp32(ws)
-        w = tl.reshape(tl.reshape(_e2m1_to_fp32(codes), [BLOCK_N, BLOCK_K // 16, 16]) * sf[:, :, None],
-                       [BLOCK_N, BLOCK_K]).to(tl.bfloat16)  # exact: e2m1 * e4m3 fits bf16
-        acc = _dot(x.to(tl.bfloat16), tl.trans(w), acc, INTERPRET)
-    if SW_ROW:
-        sw = tl.load(sw_ptr + e * stride_swe + n_safe)[None, :]
-    else:
-        sw = tl.load(sw_ptr + e * stride_swe)
-    if ACT == 1:
-        acc = acc * (s_dec[:, None] * sw)
-    elif HAS_SX:
-        if SX_ROW:
-            acc = acc * (tl.load(sx_ptr + xm)[:, None] * sw)
+        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
+        w_even, w_odd = _dequant_halves(wq, ws, PLACED, MMA16, BLOCK_N, BLOCK_K)
+        acc = _dot(x_even.to(xdt), tl.trans(w_even), acc, INTERPRET)
+        acc = _dot(x_odd.to(xdt), tl.trans(w_odd), acc, INTERPRET)
+    acc = acc * EPI  # the dequantization's power of two back (exact)
+    out_mask = (rm[:, None] < row_end) & (rn[None, :] < N)
+    last = True
+    if SPLIT_K > 1:  # partials to the workspace; the last program of the tile adds them in slice order
+        tile = pid_m * tl.num_programs(0) + pid_n
+        rows_total = tl.num_programs(1) * BLOCK_M
+        p_off = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(part_ptr + pid_k * rows_total * N + p_off, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken (release)
+        last = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+        if last:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(part_ptr + s * rows_total * N + p_off, mask=out_mask, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(ticket_ptr + tile, 0)  # back to zero for the next launch (graph replays)
+    if last:
+        if SW_ROW:
+            sw = tl.load(sw_ptr + e * stride_swe + n_safe)[None, :]
         else:
-            acc = acc * (tl.load(sx_ptr) * sw)
-    else:
-        acc = acc * sw
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < row_end) & (rn[None, :] < N))
+            sw = tl.load(sw_ptr + e * stride_swe)
+        if ACT == 1:
+            acc = acc * (s_dec[:, None] * sw)
+        elif HAS_SX:
+            if SX_ROW:
+                acc = acc * (tl.load(sx_ptr + xm)[:, None] * sw)
+            else:
+                acc = acc * (tl.load(sx_ptr) * sw)
+        else:
+            acc = acc * sw
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=out_mask)
 
 
 # ----------------------------------------------------------------------------------------------- launchers
-def _tiles(m: int, k: int, cfg: dict, device) -> dict:
-    """Launch config: BLOCK_M 16 up to 16 rows (decode), 64 above (then BLOCK_K <= 128); BLOCK_K clipped to K;
-    the interpreter (CPU) takes small tiles. The chunking of K is the kernel's accumulation order."""
-    cfg = dict(cfg)
-    if INTERPRET or device.type != "cuda":
+def _sms(device) -> int:
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return _SMS[device]
+
+
+def decode_config(m_tiles: int, n: int, k: int, device, config: dict | None = None) -> dict:
+    """Launch config of a call: BLOCK_M 16 up to 16 rows a tile (decode), 64 above (then BLOCK_K <= 128); BLOCK_K
+    clipped to K; SPLIT_K so that (N tiles x row tiles x slices) reaches PROGRAMS_PER_SM programs an SM, in whole
+    chunks. Shapes only (never values); `config` overrides any key (bench sweeps). The interpreter (CPU) takes
+    small tiles. PLACED: the inline-PTX dequantization (GPU only)."""
+    cfg = dict(DECODE_CONFIG, **(config or {}))
+    gpu = not INTERPRET and device.type == "cuda"
+    if not gpu:
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 16), BLOCK_K=min(cfg["BLOCK_K"], 32))
-    bm = cfg.pop("BLOCK_M", None) or (16 if m <= 16 else 64)
-    bk = min(cfg.pop("BLOCK_K"), 128) if bm > 16 else cfg.pop("BLOCK_K")  # a 64 x 512 fp32 tile would spill
-    return dict(cfg, BLOCK_M=bm, BLOCK_K=max(16, min(bk, triton.next_power_of_2(k))))
+    bm = cfg.pop("BLOCK_M", None) or 16
+    bk = cfg.pop("BLOCK_K")
+    bk = max(16, min(bk if bm <= 16 else min(bk, 128), triton.next_power_of_2(k)))
+    chunks = triton.cdiv(k, bk)
+    split = cfg.pop("SPLIT_K", None)
+    if split is None:
+        tiles = m_tiles * triton.cdiv(n, cfg["BLOCK_N"])
+        want = max(1, PROGRAMS_PER_SM * _sms(device) // max(tiles, 1))
+        split = min(MAX_SPLIT_K, triton.next_power_of_2(want), chunks)
+    split = max(1, min(split, chunks))
+    k_slice = triton.cdiv(chunks, split) * bk
+    split = triton.cdiv(k, k_slice)  # no empty slice
+    return dict(cfg, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split, K_SLICE=k_slice, PLACED=cfg.get("PLACED", gpu))
+
+
+def _tickets(device, count: int) -> torch.Tensor:
+    """The device's zeroed ticket counters (allocated once, outside any graph capture: every launch leaves them
+    zero). One stream at a time: two split-K launches in flight on two streams would share tickets."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K decode GEMM: call it once outside CUDA-graph capture first (its ticket "
+                               "counters are allocated then)")
+        t = _TICKETS[device] = torch.zeros(max(count, TICKETS), dtype=torch.int32, device=device)
+    return t
+
+
+def _launch(x, wq, ws, y, sx, sw, sched, m, n, k, stride_swe, grid_m, *, act, has_sx, sx_row, sw_row, grouped,
+            cfg):
+    cfg = dict(cfg)
+    split, k_slice, placed = cfg.pop("SPLIT_K"), cfg.pop("K_SLICE"), cfg.pop("PLACED")
+    mma16 = act is not None  # fused quantizer: x̂ exact in fp16
+    epi = (16384.0 if mma16 else 128.0) if placed else 1.0
+    grid_n = triton.cdiv(n, cfg["BLOCK_N"])
+    if split > 1:
+        part = torch.empty(split * grid_m * cfg["BLOCK_M"] * n, dtype=torch.float32, device=x.device)
+        tickets = _tickets(x.device, grid_m * grid_n)
+    else:
+        part = tickets = sw
+    tile_expert, tile_row, offs, num_tiles = sched if grouped else (sw, sw, sw, sw)
+    _packed_kernel[(grid_n, grid_m, split)](
+        x, wq, ws, y, sx, sw, part, tickets, tile_expert, tile_row, offs, num_tiles, m, n, k, k_slice, x.stride(0),
+        y.stride(0), stride_swe, k // 2, k // 16, EVEN_K=k % cfg["BLOCK_K"] == 0, ACT=int(act is not None), HAS_SX=has_sx, SX_ROW=sx_row, SW_ROW=sw_row,
+        FAST=act is not None and act.math == "fast", GROUPED=grouped, SPLIT_K=split, PLACED=placed, MMA16=mma16,
+        EPI=epi, INTERPRET=INTERPRET, **cfg)
+    return y
 
 
 def act_amax(x: torch.Tensor, act, amax=None) -> torch.Tensor:
@@ -159,17 +306,15 @@ def packed_gemm_triton(x: torch.Tensor, w: ref.NVFP4Tensor, *, act=None, amax=No
     n = w.shape[0]
     if w.shape[1] != k:
         raise ValueError(f"x {tuple(x.shape)} and weight {w.shape} disagree on K")
-    cfg = _tiles(m, k, dict(DECODE_CONFIG, **(config or {})), x.device)
+    grid_m = triton.cdiv(m, 16 if m <= 16 else 64)
+    cfg = decode_config(grid_m, n, k, x.device, dict(config or {}, **({} if m <= 16 else {"BLOCK_M": 64})))
     x = x.contiguous() if act is not None else x.to(torch.bfloat16).contiguous()
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
     sw = w.global_scale.float().contiguous()
     sx = act_amax(x, act, amax) if act is not None else (sw if x_scale is None else x_scale.float().contiguous())
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
-    _packed_kernel[grid](x, w.data, w.scale.view(torch.uint8), y, sx, sw, sw, sw, sw, sw, m, n, k, x.stride(0),
-                         y.stride(0), 0, ACT=int(act is not None), HAS_SX=x_scale is not None,
-                         SX_ROW=x_scale is not None and x_scale.ndim == 2, SW_ROW=sw.ndim == 2,
-                         FAST=act is not None and act.math == "fast", GROUPED=False, INTERPRET=INTERPRET, **cfg)
-    return y
+    return _launch(x, w.data, w.scale.view(torch.uint8), y, sx, sw, None, m, n, k, 0, grid_m, act=act,
+                   has_sx=x_scale is not None, sx_row=x_scale is not None and x_scale.ndim == 2, sw_row=sw.ndim == 2,
+                   grouped=False, cfg=cfg)
 
 
 def decode_gemm_triton(x_bf16: torch.Tensor, w: ref.NVFP4Tensor, *, x_scale: torch.Tensor | None = None,
@@ -199,7 +344,6 @@ def grouped_packed_gemm_triton(x: torch.Tensor, w: PackedExperts, offs: torch.Te
     (`act_amax` of the layout's scales) — or the static scale."""
     t_rows, k = x.shape
     e, n = w.data.shape[0], w.data.shape[1]
-    cfg = _tiles(grouped_block_m(t_rows, e), k, dict(DECODE_CONFIG, **(config or {})), x.device)
     x = x.contiguous() if act is not None else x.to(torch.bfloat16).contiguous()
     y = torch.empty(t_rows, n, dtype=out_dtype, device=x.device)
     if t_rows == 0:
@@ -209,9 +353,8 @@ def grouped_packed_gemm_triton(x: torch.Tensor, w: PackedExperts, offs: torch.Te
     if schedule is None:
         schedule = grouped_packed_schedule(offs, t_rows, e)
     tile_expert, tile_row, num_tiles, max_tiles = schedule
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), max_tiles)
-    _packed_kernel[grid](x, w.data, w.scale.view(torch.uint8), y, sx, sw, tile_expert, tile_row, offs, num_tiles,
-                         t_rows, n, k, x.stride(0), y.stride(0), sw.stride(0), ACT=int(act is not None),
-                         HAS_SX=False, SX_ROW=False, SW_ROW=sw.shape[1] > 1,
-                         FAST=act is not None and act.math == "fast", GROUPED=True, INTERPRET=INTERPRET, **cfg)
-    return y
+    cfg = decode_config(max_tiles, n, k, x.device,
+                        dict(config or {}, BLOCK_M=grouped_block_m(t_rows, e)))
+    return _launch(x, w.data, w.scale.view(torch.uint8), y, sx, sw, (tile_expert, tile_row, offs, num_tiles),
+                   t_rows, n, k, sw.stride(0), max_tiles, act=act, has_sx=False, sx_row=False, sw_row=sw.shape[1] > 1,
+                   grouped=True, cfg=cfg)

@@ -81,10 +81,11 @@ def decode_gemm_reference(x: torch.Tensor, w: ref.NVFP4Tensor, *, x_scale=None, 
 
 
 def packed_gemm_reference(x: torch.Tensor, w: ref.NVFP4Tensor, *, act=None, amax=None, x_scale=None,
-                          block_k: int, out_dtype=torch.float32) -> torch.Tensor:
+                          block_k: int, split_k: int = 1, out_dtype=torch.float32) -> torch.Tensor:
     """Plain torch in the packed-weight kernel's order (kernels/decode.py): bf16 x̂ = e2m1(q_x)·sf_x (act: the
-    quantizer, per-row amaxes as `decode.act_amax` gives them) or x as given, exact bf16 ŵ = e2m1(q_w)·sf_w,
-    fp32 partial products per `block_k` chunk of K added in ascending order, then acc * (S_x * S_w)."""
+    quantizer, per-row amaxes as `decode.act_amax` gives them) or x as given, exact bf16 ŵ = e2m1(q_w)·sf_w;
+    K cut into `split_k` slices of whole `block_k` chunks; in a slice, chunk by chunk, the even columns' fp32
+    product then the odd columns'; the slices' sums added in ascending order; then acc * (S_x * S_w)."""
     if act is not None:
         rows = act_amax_reference(x, act, amax)
         t, xq = quantize_reference(x, scale_mode="row", amax=rows, math=act.math, emit_dq=True, check=False)
@@ -92,9 +93,17 @@ def packed_gemm_reference(x: torch.Tensor, w: ref.NVFP4Tensor, *, act=None, amax
     else:
         xq = x.to(torch.bfloat16)
     wq = ref.dequantize_unscaled(w).to(torch.bfloat16)
+    k = x.shape[1]
+    chunks = -(-k // block_k)
+    k_slice = -(-chunks // split_k) * block_k
     acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
-    for k0 in range(0, x.shape[1], block_k):
-        acc = acc + xq[:, k0:k0 + block_k].float() @ wq[:, k0:k0 + block_k].float().t()
+    for s0 in range(0, k, k_slice):
+        part = torch.zeros_like(acc)
+        for k0 in range(s0, min(s0 + k_slice, k), block_k):
+            for parity in (0, 1):
+                cols = slice(k0 + parity, k0 + block_k, 2)
+                part = part + xq[:, cols].float() @ wq[:, cols].float().t()
+        acc = acc + part
     sw = w.global_scale.float()
     sw = sw.reshape(1, -1) if sw.ndim else sw
     sx = torch.ones((), device=x.device) if x_scale is None else x_scale.float()

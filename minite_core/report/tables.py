@@ -213,18 +213,29 @@ def sampler_table(res: dict) -> str:
              f"`{res['env'].get('commit')}`): {c['prompt_len']}-token random prompts, {c['new_tokens']} new tokens "
              f"per row (no stop token), median of {c['reps']} timed decodes after a warm-up.", "",
              "| shape | batch | profile | engine | decode tokens/s | p20–p80 | step ms | × BF16 "
-             "| × cached-bf16 | generate tokens/s |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| × cached-bf16 | × plain PyTorch | MB read / token | % copy BW | generate tokens/s |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         note = r.get("error") or r.get("skipped")
         if r.get("tokens_per_s") is None:
             lines.append(f"| {r['shape']} | {r['batch']} | {r['profile']} | {r.get('engine') or '—'} | "
-                         f"— ({note}) | | | | | |")
+                         f"— ({note}) | | | | | | | | |")
             continue
+        per_token = r.get("bytes_per_token")
+        mb = None if per_token is None else per_token / 1e6
+        bw = None if r.get("bw_frac") is None else 100 * r["bw_frac"]
+        est = "~" if r.get("bytes_estimated") else ""
         lines.append(f"| {r['shape']} | {r['batch']} | {r['profile']} | {r['engine']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['p20_tokens_per_s']:,.0f}–{r['p80_tokens_per_s']:,.0f} | {r['step_ms']:.3f} | "
                      f"{_fmt_spec(r['speedup_vs_bf16'], '.2f')} | {_fmt_spec(r.get('speedup_vs_cached'), '.2f')} | "
-                     f"{r['generate_tokens_per_s']:,.0f} |")
+                     f"{_fmt_spec(r.get('speedup_vs_plain'), '.2f')} | {est}{_fmt_spec(mb, ',.2f')} | "
+                     f"{est}{_fmt_spec(bw, '.0f')} | {_fmt_spec(r.get('generate_tokens_per_s'), ',.0f')} |")
+    ceiling = (res.get("ceilings") or {}).get("copy_gbps")
+    lines += ["", "MB read / token: the weights and KV cache a decode step reads (bench/decode_bytes.py) over the "
+              "batch; % copy BW: those bytes over the step time against the device-to-device copy bandwidth "
+              f"measured in the same run ({_fmt_spec(ceiling, ',.0f')} GB/s); ~ = MoE experts touched estimated "
+              "under uniform routing. `plain-torch`: the same weights decoded by plain PyTorch in one CUDA graph "
+              "(bench/plain_decode.py: fused q|k|v and gate|up GEMMs, greedy, no log-probs)."]
     if res.get("reference"):
         lines += ["", "Before: the reference sampler (per-row host syncs, no graph), RL shape, whole generate():", "",
                   "| profile | batch | reference tokens/s | fast generate × reference |", "|---|---:|---:|---:|"]
