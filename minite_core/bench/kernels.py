@@ -344,8 +344,8 @@ def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10,
 
 
 DECODE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-                for bn, bk, nw, ns in ((32, 256, 4, 2), (64, 256, 4, 2), (128, 256, 4, 2), (64, 512, 4, 2),
-                                       (128, 128, 4, 2), (64, 128, 4, 3), (128, 256, 8, 2), (64, 256, 4, 3))]
+                for bn, bk, nw, ns in ((64, 128, 4, 2), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 3),
+                                       (128, 256, 8, 3), (64, 64, 4, 4))]
 
 
 def bench_decode(rec, reps=20, sweep=False):

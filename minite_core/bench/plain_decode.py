@@ -75,15 +75,16 @@ class PlainDecoder:
         B = self.tokens.shape[0]
         H, Hkv, Dh = self.H, self.Hkv, self.Dh
         x = self.embed[self.tokens]  # (B, D)
-        cos, sin = self.cos[self.pos], self.sin[self.pos]  # (Dh,)
+        at = self.pos.view(1)  # index_select, not t[pos]: a 0-dim index would be read on the host (a sync)
+        cos, sin = self.cos.index_select(0, at), self.sin.index_select(0, at)  # (1, Dh)
         mask = (self.slots <= self.pos).view(1, 1, 1, -1)
         for lw in self.layers:
             qkv = F.linear(_rms(x, lw["w_in"], self.eps), lw["wqkv"])
             q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
             q = self._rope(_rms(q.view(B, H, Dh), lw["q_norm"], self.eps), cos, sin)
             k = self._rope(_rms(k.view(B, Hkv, Dh), lw["k_norm"], self.eps), cos, sin)
-            lw["k"].index_copy_(2, self.pos.view(1), k.unsqueeze(2))
-            lw["v"].index_copy_(2, self.pos.view(1), v.view(B, Hkv, 1, Dh))
+            lw["k"].index_copy_(2, at, k.unsqueeze(2))
+            lw["v"].index_copy_(2, at, v.view(B, Hkv, 1, Dh))
             o = F.scaled_dot_product_attention(q.unsqueeze(2), lw["k"], lw["v"], attn_mask=mask, enable_gqa=True)
             x = x + F.linear(o.reshape(B, H * Dh), lw["wo"])
             gate, up = F.linear(_rms(x, lw["w_post"], self.eps), lw["w13"]).chunk(2, dim=-1)

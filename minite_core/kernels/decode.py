@@ -54,7 +54,7 @@ from minite_core.kernels.quantize import _global_scales, quantize_dq_tile
 
 # Tiles and split-K by shape (`decode_config`). (BLOCK_N, BLOCK_K, warps, stages): H200 sweep in
 # results/h200/bench/NOTES.md; PROGRAMS_PER_SM: how many programs split-K aims for (enough loads in flight).
-DECODE_CONFIG = dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2)
+DECODE_CONFIG = dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 PROGRAMS_PER_SM = 4
 MAX_SPLIT_K = 16
 _SMS: dict = {}
@@ -167,7 +167,7 @@ def _packed_kernel(
     if ACT == 1:
         s_enc, s_dec = _global_scales(tl.load(sx_ptr + xm))  # (BM,) per-row global scales of the activation
     xdt = tl.float16 if MMA16 else tl.bfloat16
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # yᵀ tile: the weights are the dot's A operand
     k_start = pid_k * K_SLICE
     for k0 in range(k_start, tl.minimum(k_start + K_SLICE, K), BLOCK_K):
         x_ptrs = x_ptr + xm[:, None] * stride_xm + (k0 + rk)[None, :]
@@ -185,39 +185,39 @@ def _packed_kernel(
             x = quantize_dq_tile(x.to(tl.float32), s_enc, s_dec, FAST, BLOCK_M, BLOCK_K)
         x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
         w_even, w_odd = _dequant_halves(wq, ws, PLACED, MMA16, BLOCK_N, BLOCK_K)
-        acc = _dot(x_even.to(xdt), tl.trans(w_even), acc, INTERPRET)
-        acc = _dot(x_odd.to(xdt), tl.trans(w_odd), acc, INTERPRET)
+        acc = _dot(w_even, tl.trans(x_even.to(xdt)), acc, INTERPRET)
+        acc = _dot(w_odd, tl.trans(x_odd.to(xdt)), acc, INTERPRET)
     acc = acc * EPI  # the dequantization's power of two back (exact)
-    out_mask = (rm[:, None] < row_end) & (rn[None, :] < N)
+    out_mask = (rm[None, :] < row_end) & (rn[:, None] < N)  # (BN, BM)
     last = True
     if SPLIT_K > 1:  # partials to the workspace; the last program of the tile adds them in slice order
         tile = pid_m * tl.num_programs(0) + pid_n
         rows_total = tl.num_programs(1) * BLOCK_M
-        p_off = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None].to(tl.int64) * N + rn[None, :]
+        p_off = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[None, :].to(tl.int64) * N + rn[:, None]
         tl.store(part_ptr + pid_k * rows_total * N + p_off, acc, mask=out_mask)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken (release)
         last = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
         if last:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(SPLIT_K):
                 acc += tl.load(part_ptr + s * rows_total * N + p_off, mask=out_mask, other=0.0,
                                cache_modifier=".cg")
             tl.atomic_xchg(ticket_ptr + tile, 0)  # back to zero for the next launch (graph replays)
     if last:
         if SW_ROW:
-            sw = tl.load(sw_ptr + e * stride_swe + n_safe)[None, :]
+            sw = tl.load(sw_ptr + e * stride_swe + n_safe)[:, None]
         else:
             sw = tl.load(sw_ptr + e * stride_swe)
         if ACT == 1:
-            acc = acc * (s_dec[:, None] * sw)
+            acc = acc * (s_dec[None, :] * sw)
         elif HAS_SX:
             if SX_ROW:
-                acc = acc * (tl.load(sx_ptr + xm)[:, None] * sw)
+                acc = acc * (tl.load(sx_ptr + xm)[None, :] * sw)
             else:
                 acc = acc * (tl.load(sx_ptr) * sw)
         else:
             acc = acc * sw
-        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+        tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
                  mask=out_mask)
 
 
@@ -239,7 +239,7 @@ def decode_config(m_tiles: int, n: int, k: int, device, config: dict | None = No
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 16), BLOCK_K=min(cfg["BLOCK_K"], 32))
     bm = cfg.pop("BLOCK_M", None) or 16
     bk = cfg.pop("BLOCK_K")
-    bk = max(16, min(bk if bm <= 16 else min(bk, 128), triton.next_power_of_2(k)))
+    bk = max(32, min(bk if bm <= 16 else min(bk, 128), triton.next_power_of_2(k)))  # a dot's K >= 16
     chunks = triton.cdiv(k, bk)
     split = cfg.pop("SPLIT_K", None)
     if split is None:
