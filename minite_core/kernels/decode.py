@@ -294,7 +294,9 @@ def act_amax(x: torch.Tensor, act, amax=None) -> torch.Tensor:
         return amax.float().reshape(-1).expand(x.shape[0]).contiguous()
     from minite_core.kernels.quantize import row_amax
 
-    rows = row_amax(x)
+    # decode rows (<= 64): one row a program in 2048-wide chunks — the default 8-row x 256 tile walked a 12,288-wide
+    # row in 48 dependent steps, ~6.5 us a call on the H200 (results/h200/bench/NOTES.md row 26)
+    rows = row_amax(x, block_m=1, block_k=2048) if x.shape[0] <= 64 else row_amax(x)
     return rows if act.scale_mode == "row" else rows.amax().expand(x.shape[0]).contiguous()
 
 
