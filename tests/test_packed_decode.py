@@ -45,11 +45,11 @@ def _order(m: int, n: int, k: int, device, grouped_experts: int = 0, config: dic
     dev = torch.device(device)
     if grouped_experts:
         max_tiles = -(-m // decode.grouped_block_m(m, grouped_experts)) + grouped_experts
-        cfg = decode.decode_config(max_tiles, n, k, dev, dict(config or {}, GEMV=False,
+        cfg = decode.decode_config(max_tiles, n, k, dev, dict(config or {},
                                                               BLOCK_M=decode.grouped_block_m(m, grouped_experts)))
     else:
-        cfg = decode.decode_config(1 if m <= 16 else -(-m // 64), n, k, dev,
-                                   dict(config or {}, **({} if m <= 16 else {"BLOCK_M": 64})), rows=m)
+        cfg = decode.decode_config(-(-m // (16 if m <= 16 else 64)), n, k, dev,
+                                   dict(config or {}, **({} if m <= 16 else {"BLOCK_M": 64})))
     return {"block_k": cfg["BLOCK_K"], "split_k": cfg["SPLIT_K"]}
 
 

@@ -348,11 +348,6 @@ DECODE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
                                        (128, 256, 8, 3), (64, 64, 4, 4))]
 
 
-GEMV_SWEEP = [dict(GEMV=True, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-              for bn, bk, nw, ns in ((16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 8, 3), (8, 1024, 4, 2),
-                                     (16, 256, 4, 4), (64, 256, 8, 3))]
-
-
 def bench_decode(rec, reps=20, sweep=False):
     """Packed-weight decode GEMMs (kernels/decode.py) against cuBLAS bf16 F.linear on the same shapes, each
     captured in one CUDA graph cycling over > 4x L2 of its own weight bytes; bandwidth = weight bytes read / time
@@ -381,7 +376,7 @@ def bench_decode(rec, reps=20, sweep=False):
             rec.add("decode-bf16-cublas", shape, t_bf16, gbps=g, bw_frac=g / copy_gbps)
 
             def run(cfg=None, label=""):
-                cfg_m = decode_config(1, nk, nk, x.device, cfg, rows=m)
+                cfg_m = decode_config(1 if m <= 16 else -(-m // 64), nk, nk, x.device, cfg)
                 for name, act in (("w4a16", None), ("w4a4", row_act)):
                     y = packed_gemm_triton(x, qw[0], act=act, out_dtype=torch.float32, config=cfg)
                     yr = packed_gemm_reference(x, qw[0], act=act, block_k=cfg_m["BLOCK_K"], split_k=cfg_m["SPLIT_K"])
@@ -390,10 +385,10 @@ def bench_decode(rec, reps=20, sweep=False):
                     gb = bytes_w4 / t[0] / 1e6
                     rec.add(f"decode-{name}-packed{label}", shape, t, "decode-bf16-cublas", t_bf16, gbps=gb,
                             bw_frac=gb / copy_gbps, rel_err=rel, split_k=cfg_m["SPLIT_K"],
-                            placed=int(cfg_m["PLACED"]), gemv=int(cfg_m["GEMV"]))
+                            placed=int(cfg_m["PLACED"]))
             _guard(rec, "decode-packed", shape, run)
             if sweep:
-                for cfg in (GEMV_SWEEP if m <= 4 else []) + DECODE_SWEEP + [dict(PLACED=False)]:
+                for cfg in DECODE_SWEEP + [dict(PLACED=False)]:
                     for split in ((None, 1) if "PLACED" not in cfg else (None,)):
                         c = dict(cfg, **({} if split is None else {"SPLIT_K": split}))
                         lbl = "-cfg-" + "-".join(f"{k[0].lower()}{v}" for k, v in c.items())

@@ -55,8 +55,6 @@ from minite_core.kernels.quantize import _global_scales, quantize_dq_tile
 # Tiles and split-K by shape (`decode_config`). (BLOCK_N, BLOCK_K, warps, stages): H200 sweep in
 # results/h200/bench/NOTES.md; PROGRAMS_PER_SM: how many programs split-K aims for (enough loads in flight).
 DECODE_CONFIG = dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-GEMV_ROWS = 4  # dense calls of at most this many rows run the CUDA-core GEMV (fp32 FMAs)
-GEMV_CONFIG = dict(BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=3)
 PROGRAMS_PER_SM = 4
 MAX_SPLIT_K = 16
 _SMS: dict = {}
@@ -106,11 +104,10 @@ def _scaled(v, sf, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _dequant_halves(wq, ws, PLACED: tl.constexpr, MMA16: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr,
+def _dequant_halves(wq, ws, PLACED: tl.constexpr, MMA16: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr):
     """Packed bytes wq (BN, BK/2) uint8 + scale bytes ws (BN, BK/16) -> (even columns, odd columns) of ŵ in the
-    dot's dtype (fp32 for F32, the CUDA-core path), times a power of two (EPI gives it back): exact (e2m1 x e4m3
-    has <= 6 significant bits)."""
+    dot's dtype, times 2^-EXP (`_EPI` gives it back): exact (e2m1 x e4m3 has <= 6 significant bits)."""
     sf = _e4m3_to_fp32(ws.to(tl.int32))
     if PLACED:  # inline PTX (GPU): 16-bit floats e2m1 * 2^-BIAS, one multiply by the scale
         if MMA16:  # fp16: e2m1 * 2^-14 * sf, a multiple of 2^-24 below 0.17: exact in fp16
@@ -123,12 +120,11 @@ def _dequant_halves(wq, ws, PLACED: tl.constexpr, MMA16: tl.constexpr, F32: tl.c
             lo, hi = tl.inline_asm_elementwise(PLACE_BF16, "=r,=r,=r,=r,r", [wq],
                                                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
             s = sf * 6.646139978924579e35  # 2^119: e2m1 * 2^-126 * sf * 2^119 = ŵ * 2^-7, a bf16 normal
-            dt_p: tl.constexpr = tl.float32 if F32 else tl.bfloat16
-            w_even = _scaled(lo.to(tl.float32), s, BLOCK_N, BLOCK_K).to(dt_p)
-            w_odd = _scaled(hi.to(tl.float32), s, BLOCK_N, BLOCK_K).to(dt_p)
+            w_even = _scaled(lo.to(tl.float32), s, BLOCK_N, BLOCK_K).to(tl.bfloat16)
+            w_odd = _scaled(hi.to(tl.float32), s, BLOCK_N, BLOCK_K).to(tl.bfloat16)
     else:
         b = wq.to(tl.int32)
-        dt: tl.constexpr = tl.float32 if F32 else (tl.float16 if MMA16 else tl.bfloat16)
+        dt: tl.constexpr = tl.float16 if MMA16 else tl.bfloat16
         w_even = _scaled(_e2m1_to_fp32(b & 15), sf, BLOCK_N, BLOCK_K).to(dt)
         w_odd = _scaled(_e2m1_to_fp32((b >> 4) & 15), sf, BLOCK_N, BLOCK_K).to(dt)
     return w_even, w_odd
@@ -141,7 +137,7 @@ def _packed_kernel(
     M, N, K, K_SLICE, stride_xm, stride_ym, stride_swe, stride_wq, stride_ws,
     ACT: tl.constexpr, HAS_SX: tl.constexpr, SX_ROW: tl.constexpr, SW_ROW: tl.constexpr, FAST: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT_K: tl.constexpr, PLACED: tl.constexpr, MMA16: tl.constexpr, EPI: tl.constexpr,
-    EVEN_K: tl.constexpr, GEMV: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr = False,
 ):
     # x [M, K]; W packed: wq [(E,) N, K/2] uint8, ws [(E,) N, K/16] e4m3 bytes (row strides passed on their own so
@@ -188,13 +184,9 @@ def _packed_kernel(
         if ACT == 1:
             x = quantize_dq_tile(x.to(tl.float32), s_enc, s_dec, FAST, BLOCK_M, BLOCK_K)
         x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
-        w_even, w_odd = _dequant_halves(wq, ws, PLACED, MMA16, GEMV, BLOCK_N, BLOCK_K)
-        if GEMV:  # a few rows: fp32 FMAs on the CUDA cores, no tensor-core fragment layout to convert into
-            acc += tl.sum(w_even[:, None, :] * x_even.to(tl.float32)[None, :, :], axis=2)
-            acc += tl.sum(w_odd[:, None, :] * x_odd.to(tl.float32)[None, :, :], axis=2)
-        else:
-            acc = _dot(w_even, tl.trans(x_even.to(xdt)), acc, INTERPRET)
-            acc = _dot(w_odd, tl.trans(x_odd.to(xdt)), acc, INTERPRET)
+        w_even, w_odd = _dequant_halves(wq, ws, PLACED, MMA16, BLOCK_N, BLOCK_K)
+        acc = _dot(w_even, tl.trans(x_even.to(xdt)), acc, INTERPRET)
+        acc = _dot(w_odd, tl.trans(x_odd.to(xdt)), acc, INTERPRET)
     acc = acc * EPI  # the dequantization's power of two back (exact)
     out_mask = (rm[None, :] < row_end) & (rn[:, None] < N)  # (BN, BM)
     last = True
@@ -236,18 +228,16 @@ def _sms(device) -> int:
     return _SMS[device]
 
 
-def decode_config(m_tiles: int, n: int, k: int, device, config: dict | None = None, rows: int = 16) -> dict:
-    """Launch config of a call of `rows` rows (dense) or row tiles: GEMV (fp32 FMAs, BLOCK_M = rows rounded up to
-    a power of two) up to GEMV_ROWS dense rows, else tensor-core dots with BLOCK_M 16 up to 16 rows a tile, 64
-    above (then BLOCK_K <= 128); BLOCK_K clipped to K; SPLIT_K so that (N tiles x row tiles x slices) reaches
-    PROGRAMS_PER_SM programs an SM, in whole chunks. Shapes only (never values); `config` overrides any key
-    (bench sweeps). The interpreter (CPU) takes small tiles. PLACED: the inline-PTX dequantization (GPU only)."""
-    gemv = (config or {}).get("GEMV", rows <= GEMV_ROWS)
-    cfg = {**(GEMV_CONFIG if gemv else DECODE_CONFIG), **(config or {}), "GEMV": gemv}
+def decode_config(m_tiles: int, n: int, k: int, device, config: dict | None = None) -> dict:
+    """Launch config of a call: BLOCK_M 16 up to 16 rows a tile (decode), 64 above (then BLOCK_K <= 128); BLOCK_K
+    clipped to K; SPLIT_K so that (N tiles x row tiles x slices) reaches PROGRAMS_PER_SM programs an SM, in whole
+    chunks. Shapes only (never values); `config` overrides any key (bench sweeps). The interpreter (CPU) takes
+    small tiles. PLACED: the inline-PTX dequantization (GPU only)."""
+    cfg = dict(DECODE_CONFIG, **(config or {}))
     gpu = not INTERPRET and device.type == "cuda"
     if not gpu:
         cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 16), BLOCK_K=min(cfg["BLOCK_K"], 32))
-    bm = cfg.pop("BLOCK_M", None) or (triton.next_power_of_2(max(rows, 1)) if gemv else 16)
+    bm = cfg.pop("BLOCK_M", None) or 16
     bk = cfg.pop("BLOCK_K")
     bk = max(32, min(bk if bm <= 16 else min(bk, 128), triton.next_power_of_2(k)))  # a dot's K >= 16
     chunks = triton.cdiv(k, bk)
@@ -278,8 +268,7 @@ def _launch(x, wq, ws, y, sx, sw, sched, m, n, k, stride_swe, grid_m, *, act, ha
             cfg):
     cfg = dict(cfg)
     split, k_slice, placed = cfg.pop("SPLIT_K"), cfg.pop("K_SLICE"), cfg.pop("PLACED")
-    gemv = cfg.pop("GEMV")
-    mma16 = act is not None and not gemv  # fused quantizer on the tensor cores: x̂ exact in fp16
+    mma16 = act is not None  # fused quantizer: x̂ exact in fp16
     epi = (16384.0 if mma16 else 128.0) if placed else 1.0
     grid_n = triton.cdiv(n, cfg["BLOCK_N"])
     if split > 1:
@@ -292,7 +281,6 @@ def _launch(x, wq, ws, y, sx, sw, sched, m, n, k, stride_swe, grid_m, *, act, ha
         x, wq, ws, y, sx, sw, part, tickets, tile_expert, tile_row, offs, num_tiles, m, n, k, k_slice, x.stride(0),
         y.stride(0), stride_swe, k // 2, k // 16, EVEN_K=k % cfg["BLOCK_K"] == 0, ACT=int(act is not None), HAS_SX=has_sx, SX_ROW=sx_row, SW_ROW=sw_row,
         FAST=act is not None and act.math == "fast", GROUPED=grouped, SPLIT_K=split, PLACED=placed, MMA16=mma16,
-        GEMV=gemv,
         EPI=epi, INTERPRET=INTERPRET, **cfg)
     return y
 
@@ -320,9 +308,8 @@ def packed_gemm_triton(x: torch.Tensor, w: ref.NVFP4Tensor, *, act=None, amax=No
     n = w.shape[0]
     if w.shape[1] != k:
         raise ValueError(f"x {tuple(x.shape)} and weight {w.shape} disagree on K")
-    cfg = decode_config(1 if m <= 16 else triton.cdiv(m, 64), n, k, x.device,
-                        dict(config or {}, **({} if m <= 16 else {"BLOCK_M": 64})), rows=m)
-    grid_m = triton.cdiv(m, cfg["BLOCK_M"])
+    grid_m = triton.cdiv(m, 16 if m <= 16 else 64)
+    cfg = decode_config(grid_m, n, k, x.device, dict(config or {}, **({} if m <= 16 else {"BLOCK_M": 64})))
     x = x.contiguous() if act is not None else x.to(torch.bfloat16).contiguous()
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
     sw = w.global_scale.float().contiguous()
@@ -369,7 +356,7 @@ def grouped_packed_gemm_triton(x: torch.Tensor, w: PackedExperts, offs: torch.Te
         schedule = grouped_packed_schedule(offs, t_rows, e)
     tile_expert, tile_row, num_tiles, max_tiles = schedule
     cfg = decode_config(max_tiles, n, k, x.device,
-                        dict(config or {}, BLOCK_M=grouped_block_m(t_rows, e), GEMV=False))
+                        dict(config or {}, BLOCK_M=grouped_block_m(t_rows, e)))
     return _launch(x, w.data, w.scale.view(torch.uint8), y, sx, sw, (tile_expert, tile_row, offs, num_tiles),
                    t_rows, n, k, sw.stride(0), max_tiles, act=act, has_sx=False, sx_row=False, sw_row=sw.shape[1] > 1,
                    grouped=True, cfg=cfg)
