@@ -18,6 +18,7 @@ COMMANDS = {
     "eval": ("minite_core.eval.cli", "lm-eval on a checkpoint under an execution profile"),
     "export": ("minite_core.peers.export", "NVFP4 checkpoint export (compressed-tensors layout)"),
     "report": ("minite_core.report.build", "tables and figures from results/<exp>/"),
+    "doctor": ("minite_core.doctor", "what this machine can run: packages, GPU, kernel backend, profiles"),
 }
 
 
