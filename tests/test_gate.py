@@ -69,3 +69,37 @@ def test_budget_for_an_unmeasured_pair_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         _diagnose(tmp_path / "missing", tmp_path / "x.json", "minite:minite=1")
     assert exc.value.code == 2 and "not measured" in capsys.readouterr().err
+
+
+def test_ceilings_name_metrics_as_users_do():
+    from minite_core.diagnostics.gate import check_ceilings, gate_line, parse_ceilings
+
+    c = parse_ceilings(["gen_kl_error=0.03", "b:k3=1e-4", "mismatch_k3_kl=0.5"], ["a", "b"])
+    assert c == {"a": {"train/gen_kl_error": 0.03, "rollout_corr/k3_kl": 0.5},
+                 "b": {"train/gen_kl_error": 0.03, "rollout_corr/k3_kl": 0.5, "mismatch/k3": 1e-4}}
+    with pytest.raises(ValueError, match="pair 'c' is not measured"):
+        parse_ceilings(["c:k3=1"], ["a"])
+    with pytest.raises(ValueError, match="X a number"):
+        parse_ceilings(["k3=big"], ["a"])
+    metrics = {"a": {"train/gen_kl_error": 0.02, "rollout_corr/k3_kl": 0.6}, "b": {"train/gen_kl_error": 0.04}}
+    rows = check_ceilings(metrics, {"a": c["a"], "b": {"train/gen_kl_error": 0.03, "mismatch/k3": 1e-4}})
+    verdict = {(r["pair"], r["metric"]): r["pass"] for r in rows}
+    assert verdict == {("a", "train/gen_kl_error"): True, ("a", "rollout_corr/k3_kl"): False,
+                       ("b", "train/gen_kl_error"): False, ("b", "mismatch/k3"): False}  # a missing metric fails
+    line = gate_line(next(r for r in rows if r["pair"] == "b" and r["metric"] == "train/gen_kl_error"))
+    assert line == "mismatch gate failed for b: train/gen_kl_error = 4.000e-02 > 3.000e-02 (ceiling)"
+
+
+def test_history_gate_is_skyrls_rule():
+    """max of the last N runs + x% (min - x% where higher is better); earlier runs beyond N do not count."""
+    from minite_core.diagnostics.gate import check_history, history_limit
+
+    assert history_limit([1.0, 3.0, 2.0], "mismatch/k3", 0.05) == pytest.approx(3.15)
+    assert history_limit([0.9, 0.8], "mismatch/ess", 0.05) == pytest.approx(0.76)
+    history = [{"a": {"mismatch/k3": 10.0}}] + [{"a": {"mismatch/k3": v}} for v in (1.0, 2.0)]
+    rows = check_history({"a": {"mismatch/k3": 2.05, "mismatch/ess": 0.5}, "new": {"mismatch/k3": 9.0}}, history,
+                         ["k3", "mismatch/ess"], last=2, tolerance=0.05)
+    assert len(rows) == 1  # no earlier ess, no earlier pair "new": nothing to be within x% of
+    assert rows[0]["limit"] == pytest.approx(2.1) and rows[0]["pass"] and "max of the last 2 runs +5%" in rows[0]["rule"]
+    rows = check_history({"a": {"mismatch/k3": 2.2}}, history, ["k3"], last=2, tolerance=0.05)
+    assert not rows[0]["pass"]

@@ -3,8 +3,9 @@
 For each pair "learner:sampler": the sampler generates responses to the prompts (KV-cache decode, processed
 log-probs and their full rows, its argmax per step, the experts each MoE layer executed), the learner rescores the
 same tokens (full-sequence forward, recording its own routing, replaying the sampler's under R3), and the mismatch
-metrics (engines.mismatch: k1/k3/..., max |Δ|, full-vocabulary KL, routing agreement per MoE layer) are
-computed overall and per response-position bucket. `--trace` adds the first-divergence trace of each pair,
+metrics (engines.mismatch: k1/k3/..., max |Δ|, full-vocabulary KL, routing agreement per MoE layer; and
+NeMo-RL's / verl's under their names, engines.framework_metrics) are computed overall and per response-position
+bucket. `--trace` adds the first-divergence trace of each pair,
 prefill↔prefill and learner-prefill↔sampler-decode (diagnostics.trace); `--attribution` the one-knob attribution
 from the naive pair (diagnostics.attribution); `--k3-budget` the mismatch gate (diagnostics.gate: exit 1 with one
 line per pair over budget). Output: one JSON per the results contract (stage "diagnostics"), figures optional
@@ -24,6 +25,9 @@ pair with the reason in the result's `skipped` list: the first-divergence trace 
 tree) and the one-knob attribution (switches profile knobs; a te:* pair is no base and feeds no cache). TE
 missing, no CUDA, or a mode this GPU lacks: the run stops before any work with one line naming the pair and
 TE's reason (te_learner.mode_available), never a fallback to our emulation.
+
+Another framework's engines, from its logged rollouts and without a model: `minite diagnose --rollouts FILE...`
+(diagnostics.external).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from minite_core.diagnostics.gate import check_budgets, parse_budgets, violation
 from minite_core.diagnostics.trace import TRACE_THRESHOLD, trace_pair
 from minite_core.engines import Learner, make_sampler
 from minite_core.engines.calibration import calibrate_on_examples, calibrate_on_sequences
+from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_by_position, mismatch_metrics, routing_agreement
 from minite_core.model import load_pretrained
 from minite_core.nn import is_calibrated
@@ -185,6 +190,7 @@ def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts,
                          "hold inf/NaN): the checkpoint's weights or the profile's scales overflow")
     kw = dict(argmax_learner=sc.argmax, argmax_sampler=s["argmax_ids"], kl=sc.kl_full_vocab)
     metrics = mismatch_metrics(sc.logp, s["logprobs"], sc.mask, **kw)
+    metrics.update(framework_metrics(sc.logp, s["logprobs"], sc.mask))  # NeMo-RL's and verl's names, beside ours
     layers = moe_layers(model)
     metrics.update(routing_agreement(sc.routes, rollout.routes, layers))
     if metrics["routing/applies"]:
@@ -270,7 +276,9 @@ def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minite diagnose", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="minite diagnose", description=__doc__.split("\n\n")[0],
+                                epilog="Logged rollouts of another framework, no model: minite diagnose --rollouts "
+                                       "FILE... (diagnostics/external.py; docs/rollouts.md)")
     p.add_argument("--checkpoint", required=True, help="transformers-format checkpoint dir (tokenizer optional)")
     p.add_argument("--learner", default="te-nvfp4")
     p.add_argument("--sampler", default="vllm-nvfp4")
@@ -312,6 +320,11 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--rollouts" in argv:  # logged rollouts of any framework: no model, no engines (diagnostics.external)
+        from minite_core.diagnostics.external import main as rollouts_main
+
+        return rollouts_main(argv)
     p = build_parser()
     args = parse_with_config(p, argv)
     _check_args(p, args)

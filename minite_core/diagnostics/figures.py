@@ -1,6 +1,7 @@
-"""Figures of a diagnostics result (seaborn PNGs): k3 by pair, k3 and full-vocabulary KL by response position, MoE
-routing disagreement per layer, attribution bars, and the per-op relative error of the first-divergence trace.
-Input is the results-contract payload (`read_result`), so the report stage can redraw them from the JSON alone.
+"""Figures of a diagnostics result (seaborn PNGs): k3 by pair, k3 and full-vocabulary KL by response position (and,
+for logged rollouts, by training step), MoE routing disagreement per layer, attribution bars, and the per-op
+relative error of the first-divergence trace. Input is the results-contract payload (`read_result`), so the report
+stage can redraw them from the JSON alone.
 
 k3 spans many decades (an aligned pair can be ~1e-9, a naive one ~1e-1) and can be exactly 0: the value axis is
 logarithmic with zeros drawn at `FLOOR` (labelled in the axis title).
@@ -58,6 +59,24 @@ def k3_by_position(payload: dict, path) -> Path:
 def kl_by_position(payload: dict, path) -> Path:
     """Mean full-vocabulary KL(π_sampler ‖ π_learner) per response-position bucket."""
     return _by_position(payload, path, "mismatch/kl_full_vocab", f"KL(sampler‖learner), full vocab; 0 at {FLOOR:g}")
+
+
+def by_step(payload: dict, path) -> Path:
+    """Mismatch per training step of logged rollouts (`minite diagnose --rollouts`), one line per pair: k3 (which
+    NeMo-RL's gen_kl_error and verl's k3_kl equal but for our ±20 clamp) and NeMo-RL's token_mult_prob_error
+    (mean e^|Δ|, 1 = identical engines). Does the gap grow as training moves the weights?"""
+    panels = (("mismatch/k3", "k3 = gen_kl_error = k3_kl", "log"),
+              ("train/token_mult_prob_error", "token_mult_prob_error", "linear"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 3.6), squeeze=False)
+    for ax, (key, label, scale) in zip(axes[0], panels):
+        rows = [{"pair": pair, "step": r["step"], "value": _floor(r.get(key)) if scale == "log" else r.get(key)}
+                for pair, steps in payload["by_step"].items() for r in steps]
+        if rows:
+            sns.lineplot(data=pd.DataFrame(rows), x="step", y="value", hue="pair", marker="o", ax=ax)
+        ax.set_yscale(scale)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label + (f"; 0 at {FLOOR:g}" if scale == "log" else ""))
+    return _save(fig, path)
 
 
 def routing_pairs(payload: dict) -> dict[str, dict[int, float]]:
@@ -125,8 +144,11 @@ def write_figures(payload: dict, directory) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     sns.set_theme(style="whitegrid", context="paper")
     paths = [k3_by_pair(payload, directory / "k3_by_pair.png"),
-             k3_by_position(payload, directory / "k3_by_position.png"),
-             kl_by_position(payload, directory / "kl_by_position.png")]
+             k3_by_position(payload, directory / "k3_by_position.png")]
+    if any("mismatch/kl_full_vocab" in m for m in payload["metrics"].values()):  # logged rollouts may lack it
+        paths.append(kl_by_position(payload, directory / "kl_by_position.png"))
+    if payload.get("by_step"):
+        paths.append(by_step(payload, directory / "by_step.png"))
     if routing_pairs(payload):
         paths.append(routing_by_layer(payload, directory / "routing_by_layer.png"))
     if payload.get("attribution"):

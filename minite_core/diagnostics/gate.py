@@ -1,4 +1,6 @@
-"""Mismatch budget: a k3 ceiling per engine pair that fails the diagnostics stage when exceeded.
+"""Mismatch budget: a k3 ceiling per engine pair that fails the diagnostics stage when exceeded; and, for logged
+rollouts of any framework (`minite diagnose --rollouts`), ceilings on any metric by the name users gate on plus
+SkyRL's history-relative gate (the section at the end).
 
 What: `diagnostics.budget` in the experiment config ({"learner:sampler": k3 ceiling}) or `minite diagnose
 --k3-budget X` (every measured pair) / `--k3-budget learner:sampler=X` (one pair; a pair's own value wins over
@@ -14,6 +16,8 @@ turns "k3 went up" into "layer 0 q_proj diverges first".
 from __future__ import annotations
 
 import math
+
+from minite_core.engines.framework_metrics import metric_key
 
 TRACE_MODES_PREFERRED = ("decode", "prefill")  # decode = the real pair; prefill isolates the profiles
 
@@ -78,3 +82,78 @@ def violation_line(row: dict) -> str:
         where = f"first divergent op: {first['op']} ({first['sut_mode']} trace, rel. error {first['rel_err']:.2e})"
     return (f"mismatch budget exceeded for {row['pair']}: k3 = {row['k3']:.3e} > budget {row['k3_budget']:.3e}; "
             f"{where}")
+
+
+# ---- ceilings per metric and the history-relative gate (any metric, any pair: `minite diagnose --rollouts`) ------
+# A ceiling is the form NeMo-RL's CI gates in (tests/test_suites/llm/*.sh: `data["train/gen_kl_error"]["1"] <
+# 0.03` for its W4A4 Qwen3-30B-A3B run). The history gate is SkyRL's (NovaSky-AI/SkyRL,
+# tests/train/gpu_e2e_test/gsm8k_colocate.sh: thresholds = "5% allowance from min/max of last 10 CI runs"): the
+# limit of a lower-is-better metric is max(last N runs) * (1 + tolerance), of a higher-is-better one
+# min(last N runs) * (1 - tolerance). SkyRL writes those numbers into its script by hand; here they come from the
+# earlier runs' result files.
+HIGHER_IS_BETTER = ("mismatch/ess", "mismatch/pearson_p")
+HISTORY_LAST = 10  # SkyRL's window
+HISTORY_TOLERANCE = 0.05  # SkyRL's allowance
+
+
+def parse_ceilings(specs: list[str], pairs: list[str]) -> dict[str, dict[str, float]]:
+    """["[PAIR:]METRIC=X", ...] -> {pair: {metric key: ceiling}}; no PAIR = every pair (a pair's own wins).
+    METRIC as users name it (`gen_kl_error`, `mismatch_k3_kl`, `k3`) or a result key (`rollout_corr/kl`)."""
+    blanket, own = {}, {p: {} for p in pairs}
+    for spec in specs or []:
+        target, _, value = spec.rpartition("=")
+        pair, _, metric = target.rpartition(":")
+        try:
+            limit = float(value)
+        except ValueError:
+            raise ValueError(f"--ceiling {spec!r}: expected [PAIR:]METRIC=X with X a number") from None
+        if not metric:
+            raise ValueError(f"--ceiling {spec!r}: expected [PAIR:]METRIC=X (e.g. gen_kl_error=0.03)")
+        if pair and pair not in own:
+            raise ValueError(f"--ceiling {spec!r}: pair {pair!r} is not measured (pairs: {', '.join(pairs)})")
+        (own[pair] if pair else blanket)[metric_key(metric)] = limit
+    return {p: {**blanket, **own[p]} for p in pairs if blanket or own[p]}
+
+
+def _row(pair, metric, value, limit, rule) -> dict:
+    better_high = metric in HIGHER_IS_BETTER
+    ok = not math.isnan(value) and (value >= limit if better_high else value <= limit)
+    return {"pair": pair, "metric": metric, "value": value, "limit": limit, "rule": rule, "pass": ok}
+
+
+def check_ceilings(metrics: dict[str, dict], ceilings: dict[str, dict[str, float]]) -> list[dict]:
+    """One row per (pair, metric) ceiling: {"pair", "metric", "value", "limit", "rule", "pass"}; a metric the pair
+    lacks is nan and fails (nothing was shown to be within its ceiling)."""
+    return [_row(pair, metric, float(metrics[pair].get(metric, math.nan)), limit, "ceiling")
+            for pair, own in ceilings.items() for metric, limit in own.items()]
+
+
+def history_limit(values: list[float], metric: str, tolerance: float = HISTORY_TOLERANCE) -> float:
+    """SkyRL's limit from earlier runs' values (section comment); nan values are skipped."""
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return math.nan
+    return min(vals) * (1 - tolerance) if metric in HIGHER_IS_BETTER else max(vals) * (1 + tolerance)
+
+
+def check_history(metrics: dict[str, dict], history: list[dict[str, dict]], gated: list[str], *,
+                  last: int = HISTORY_LAST, tolerance: float = HISTORY_TOLERANCE) -> list[dict]:
+    """history: earlier runs' {pair: metrics}, oldest first. One row per (pair, metric) with an earlier value in
+    the last `last` runs; a pair or metric no earlier run has is not gated (nothing to be within x% of)."""
+    rows = []
+    for pair, mine in metrics.items():
+        for metric in map(metric_key, gated):
+            earlier = [float(run[pair][metric]) for run in history[-last:] if metric in run.get(pair, {})]
+            limit = history_limit(earlier, metric, tolerance)
+            if not math.isnan(limit):
+                rule = (f"history: {'min' if metric in HIGHER_IS_BETTER else 'max'} of the last {len(earlier)} "
+                        f"runs {'-' if metric in HIGHER_IS_BETTER else '+'}{tolerance:.0%}")
+                rows.append(_row(pair, metric, float(mine.get(metric, math.nan)), limit, rule))
+    return rows
+
+
+def gate_line(row: dict) -> str:
+    """The one line a failing (pair, metric) row prints."""
+    op = "<" if row["metric"] in HIGHER_IS_BETTER else ">"
+    return (f"mismatch gate failed for {row['pair']}: {row['metric']} = {row['value']:.3e} {op} "
+            f"{row['limit']:.3e} ({row['rule']})")
