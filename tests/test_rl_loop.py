@@ -190,3 +190,43 @@ def test_config_errors():
         RLConfig(group_size=1)
     with pytest.raises(ValueError, match="unknown correction"):
         train_mod.parse_correction("is")
+
+
+def _scalars(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_and_rollout_dump_survive_a_resume(base, tmp_path):
+    """Event files beside metrics.csv under the frameworks' names; a run killed after step 3 with its checkpoint at
+    step 2 replays step 3, and TensorBoard shows every step once (purge_step). The NeMo-RL-layout dump of a step
+    reads back (diagnostics.layouts) to the k3 the CSV logged for that step."""
+    from minite_core.diagnostics.external import measure
+    from minite_core.diagnostics.layouts import load
+
+    cfg = dataclasses.replace(RL, steps=3, checkpoint_every=2, rollout_dump_every=2)
+    run = tmp_path / "r"
+    _run(base, run, cfg=cfg)
+    first = _scalars(run, "train/gen_kl_error")
+    assert [s for s, _ in first] == [1, 2, 3]
+    for tag in ("critic/score/mean", "response_length/mean", "response_length/clip_ratio", "actor/pg_clipfrac",
+                "actor/entropy", "rollout_corr/k3_kl", "mismatch/k3", "timing_s/gen"):
+        assert [s for s, _ in _scalars(run, tag)] == [1, 2, 3], tag
+    ckpt_2 = tmp_path / "ref"
+    _run(base, ckpt_2, cfg=dataclasses.replace(cfg, steps=2))  # the state a kill after step 3 leaves: step 2's
+    ckpt = torch.load(ckpt_2 / "state" / "state.pt", weights_only=False)
+    ckpt["config"]["steps"] = 3
+    torch.save(ckpt, run / "state" / "state.pt")
+    _run(base, run, cfg=cfg)
+    again = _scalars(run, "train/gen_kl_error")
+    assert [s for s, _ in again] == [1, 2, 3] and again == first  # step 3 once, replayed exactly
+    rows = _rows(run / "metrics.csv")
+    dumped = load([run / "rollouts"], name="r")
+    assert dumped.layout == "nemo-rl" and sorted({r.step for r in dumped.rows}) == [2]
+    assert len(dumped.rows) == RL.prompts_per_step * RL.group_size
+    m = measure(dumped)["metrics"]
+    for key in ("mismatch/k3", "train/gen_kl_error", "rollout_corr/kl"):
+        assert m[key] == pytest.approx(float(rows[1][key]), rel=1e-9, abs=1e-15), key

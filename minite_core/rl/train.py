@@ -29,15 +29,18 @@ Static activation scales: a sampler profile with static scales (vllm-nvfp4) is c
 the scales then stay fixed while the weights move — exactly what serving a calibrated NVFP4 checkpoint from a
 training run does unless someone re-calibrates on every sync. That staleness is part of the naive stack's gap.
 
-Logged every step to ``metrics.csv`` (row = step): reward, accuracy, response length, finished fraction, learner
-entropy, grad norm, the ``actor/*`` metrics of policy_loss (mean over mini-batches), every ``mismatch/*`` metric,
+Logged every step to ``metrics.csv`` (row = step) and to TensorBoard event files beside it (rl/tensorboard.py:
+verl's and NeMo-RL's metric names; `tensorboard --logdir results/<exp>/rl`): reward, accuracy, response length,
+finished fraction, learner entropy, grad norm, the ``actor/*`` metrics of policy_loss (mean over mini-batches),
+every ``mismatch/*`` metric and NeMo-RL's / verl's mismatch metrics (engines.framework_metrics),
 sampling and learning tokens/s (``timing/*``, the only columns that differ between identical runs), held-out
 greedy accuracy under S on evaluation steps (``eval/*``, else empty: rl/heldout.py — ``eval_n`` problems, the
 same ones every time, at step 0, every ``eval_every`` steps and the last step). ``summary.json`` = results
 contract, stage "rl": besides reward and mismatch summaries, ``heldout_n``, ``heldout_acc_initial`` /
 ``heldout_acc_final`` with their binomial SEs, and ``heldout_gain`` with its paired SE (same problems before and
 after). ``final/``: the last weights in transformers format (fp32, with the calibrated scales and the
-tokenizer) for lm-eval.
+tokenizer) for lm-eval. ``rollouts/`` (``rollout_dump_every`` > 0): those steps' rollouts with both engines'
+per-token log-probs in NeMo-RL's layout, for `minite diagnose --rollouts`.
 
 On R ranks (`torchrun --nproc-per-node R -m minite_core.cli rl ...`, the DAG's launcher with gpus_per_job > 1):
 the same loop, items 4 and 5 on the FSDP2 + expert-parallel learner (rl/distributed.py: every rank samples the
@@ -61,6 +64,8 @@ from tqdm.auto import tqdm
 
 from minite_core.engines import Learner, Sampler, make_sampler, resolve_engine
 from minite_core.engines.calibration import calibrate_on_examples
+from minite_core.diagnostics.layouts import write_nemo_rl_step
+from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
@@ -74,10 +79,12 @@ from minite_core.task.data import load_split
 from minite_core.rl.grpo import group_advantages, parse_correction, policy_loss, run_name
 from minite_core.rl.heldout import evaluate, heldout_set, paired_gain
 from minite_core.rl.pretrain import max_response_tokens
+from minite_core.rl.tensorboard import RunBoard
 from minite_core.task.arithmetic import reward
 from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
 
 FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
+ROLLOUTS = "rollouts"  # the run's rollout dumps (RLConfig.rollout_dump_every), NeMo-RL's layout
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
 
 
@@ -106,6 +113,9 @@ class RLConfig:
     calibration_examples: int = 64  # training examples (prompt + reference response) for static scales
     # reward for a well-formed but wrong ``answer:`` line (task.reward); 0 = pure correctness, DESIGN.md's reward
     format_credit: float = 0.0
+    # every k-th step's rollouts (both engines' per-token log-probs) to rollouts/ in NeMo-RL's train_data_step{N}.jsonl
+    # layout (diagnostics.layouts), which `minite diagnose --rollouts` reads; 0 = none (a step is ~N x T x 4 numbers)
+    rollout_dump_every: int = 0
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -116,6 +126,8 @@ class RLConfig:
                     "eval_batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"RLConfig.{key} must be >= 1, got {getattr(self, key)}")
+        if self.rollout_dump_every < 0:
+            raise ValueError(f"RLConfig.rollout_dump_every must be >= 0 (0 = no dump), got {self.rollout_dump_every}")
         if self.eval_n < 0:
             raise ValueError(f"RLConfig.eval_n must be >= 0 (0 = the whole held-out split), got {self.eval_n}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -142,9 +154,10 @@ FINITE_KEYS = ("mismatch/k1", "mismatch/k3", "reward/mean", "actor/entropy", "ac
 
 def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sampler: Sampler, opt, tok,
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int,
-            old_logprobs=None, update=None) -> dict:
+            old_logprobs=None, update=None, dump_dir: Path | None = None) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns). old_logprobs / update:
-    items 4 and 5 (default `_old_logprobs`, `_update`: one process; rl.distributed passes its data-parallel ones)."""
+    items 4 and 5 (default `_old_logprobs`, `_update`: one process; rl.distributed passes its data-parallel ones).
+    dump_dir: where this step's rollouts go on a `rollout_dump_every` step (None: not this process's job)."""
     B, G = cfg.prompts_per_step, cfg.group_size
     g = torch.Generator().manual_seed(tagged(seed, "batch", step))
     pick = torch.randperm(len(train), generator=g)[:B].tolist()
@@ -176,6 +189,13 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     row = {"step": step}
     row.update(mismatch_metrics(logp_old, rp["logprobs"], mask, argmax_learner=argmax_l,
                                 argmax_sampler=rp["argmax_ids"], cap=cfg.correction_cap))
+    row.update(framework_metrics(logp_old, rp["logprobs"], mask))  # NeMo-RL's and verl's names, beside ours
+    if dump_dir is not None and cfg.rollout_dump_every and step % cfg.rollout_dump_every == 0:
+        write_nemo_rl_step(dump_dir, step, prompt_ids=prompts, response_ids=roll.response_ids,
+                           logp_sampler=rp["logprobs"], logp_learner=logp_old, mask=mask, rewards=rewards.tolist(),
+                           advantages=adv.tolist(),
+                           contents=[[train[i]["prompt"], decode_response(tok, r)]  # NeMo-RL: the messages' texts
+                                     for i, r in zip([i for i in pick for _ in range(G)], roll.response_ids)])
 
     grad_norms, actor = (update or _update)(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
                                 mask, rp["logprobs"], correction, routes)
@@ -341,6 +361,8 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     heldout = lambda: _heldout(run, model, S) if side.main else {}  # noqa: E731 - rank 0 evaluates
     with side.lock(state_dir):
         step, extra, log = side.resume(state_dir, restart)
+        board = RunBoard(out if side.main else None, step)  # TensorBoard events beside metrics.csv (rank 0)
+        dump_dir = out / ROLLOUTS if side.main and cfg.rollout_dump_every else None
         if step == 0:
             extra["eval_initial"] = heldout()
         eval_keys = [f"eval/{k}" for k in extra["eval_initial"] if k != "correct"]
@@ -352,7 +374,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
             row = rl_step(step, cfg=cfg, seed=seed, model=run.learner.model, learner=run.learner,
                           sampler=run.sampler, opt=run.opt, tok=run.tok, train=run.train,
                           train_prompts=run.train_prompts, correction=run.correction, max_new=run.max_new,
-                          old_logprobs=side.old_logprobs, update=side.update)
+                          old_logprobs=side.old_logprobs, update=side.update, dump_dir=dump_dir)
             side.synced()
             row.update({k: None for k in eval_keys})
             if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -360,15 +382,19 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
                 row.update({f"eval/{k}": v for k, v in ev.items() if k != "correct"})
                 extra["eval_last"] = ev
             log.append(row)
+            board.log(row)
             bar.update(1)
             steps_this_call += 1
             killed = stop_after is not None and steps_this_call >= stop_after and step < cfg.steps
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or killed:
                 side.save(state_dir, step, extra)
+                board.flush()
             if killed:
                 bar.close()
+                board.close()
                 return {"stopped_at": step}
         bar.close()
+        board.close()
         metrics = None
         if side.main:
             atomic_write_bytes(out / "metrics.csv", log.path.read_bytes())
