@@ -19,6 +19,7 @@ This module is imported by the Snakefile, so it imports nothing heavy (no model,
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -275,11 +276,64 @@ def _check_runs(config, errors):
         errors.append(f"config: throughput.config: {bench!r} is neither {' nor '.join(BENCH_CONFIGS)} nor a JSON file")
 
 
+def external_pairs(config: dict) -> list[dict]:
+    """`diagnostics.external` with each entry's log resolved: {"name", "path", "format", "ceilings", "input"} (input:
+    the file the DAG waits for: the path itself, or for `rl_run` that RL run's summary.json, written after its
+    rollouts/ dump)."""
+    out = []
+    for e in config.get("diagnostics", {}).get("external", []):
+        run = e.get("rl_run")
+        rl_dir = f"results/{config['experiment']}/rl/{run}"
+        out.append({"name": e["name"], "format": "nemo-rl" if run else e.get("format", "auto"),
+                    "ceilings": e.get("ceilings", {}), "path": f"{rl_dir}/rollouts" if run else e["path"],
+                    "input": f"{rl_dir}/summary.json" if run else e["path"]})
+    return out
+
+
+def external_args(config: dict) -> str:
+    """The `minite diagnose --rollouts ...` arguments of `diagnostics.external` (one group per entry)."""
+    args = []
+    for e in external_pairs(config):
+        args += ["--rollouts", e["path"], "--name", e["name"], "--format", e["format"]]
+        args += [f"--ceiling={e['name']}:{metric}={limit}" for metric, limit in e["ceilings"].items()]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def _check_external(config, errors):
+    """External rollout logs: names unique, an rl_run that exists and dumps its rollouts, a path that exists (or
+    that this experiment's DAG writes), ceilings on metrics the report has."""
+    from minite_core.engines import framework_metrics as fw, mismatch
+
+    known = {f"mismatch/{k}" for k in mismatch.KEYS + (mismatch.KL_KEY,)} | set(fw.KEYS) | set(fw.METRIC_ALIASES)
+    rl, names = config.get("rl", {}), set()
+    for i, e in enumerate(config.get("diagnostics", {}).get("external", [])):
+        where = f"config: diagnostics.external[{i}]"
+        if e["name"] in names:
+            errors.append(f"{where}.name: {e['name']!r} names two external logs (one name, one pair)")
+        names.add(e["name"])
+        if "rl_run" in e:
+            runs = rl_runs(config)
+            if e["rl_run"] not in runs:
+                errors.append(f"{where}.rl_run: {e['rl_run']!r} is not a run of rl.runs ({', '.join(runs) or 'none'})")
+            dump = rl.get("rollout_dump_every", 0)
+            if not dump or dump > rl.get("steps", 0):
+                errors.append(f"{where}.rl_run: the run dumps no rollouts: set rl.rollout_dump_every to 1..rl.steps "
+                              f"(now {dump})")
+            if e.get("format", "auto") not in ("auto", "nemo-rl"):
+                errors.append(f"{where}.format: an RL run's dump is in the nemo-rl layout, not {e['format']}")
+        elif not (Path(e["path"]).exists() or e["path"].startswith(f"results/{config['experiment']}/")):
+            errors.append(f"{where}.path: {e['path']} does not exist (a rollout log file or directory)")
+        for metric in e.get("ceilings", {}):
+            if metric not in known:
+                errors.append(f"{where}.ceilings: unknown metric {metric!r} (e.g. gen_kl_error, k3, mismatch_k3_kl, "
+                              "rollout_corr/kl, mismatch/chi2)")
+
+
 def semantic_errors(config: dict) -> list[str]:
     """One line per semantic error (module docstring) of a schema-valid config with its defaults filled in
     (snakemake's `validate(config, schema)` fills them); [] when the config is runnable."""
     errors: list[str] = []
-    for check in (_check_profiles, _check_model, _check_sizes, _check_gpus, _check_runs):
+    for check in (_check_profiles, _check_model, _check_sizes, _check_gpus, _check_runs, _check_external):
         check(config, errors)
     return errors
 

@@ -42,3 +42,27 @@ def test_mismatch_section_without_budget(tmp_path):
     text = section_mismatch(tmp_path)
     assert "No mismatch budget set" in text
     assert text.count("| – | – |") >= 1  # a result without routing metrics: dashes, not zeros
+
+
+def test_external_pairs_in_the_mismatch_table(tmp_path):
+    """diagnostics.external's result (minite diagnose --rollouts) adds rows beside the own pairs, says where they
+    come from and why their full-vocabulary KL is missing, and shows the frameworks' metrics of every pair."""
+    write_result(tmp_path / "diagnostics" / "mismatch.json", stage="diagnostics", experiment="t", config={},
+                 metrics={"bf16:bf16": {**_pair(1e-5, 2e-5, {"routing/applies": False}),
+                                        "train/gen_kl_error": 1e-5}},
+                 by_position={}, trace=None, attribution=None, budget=None)
+    ext = {"mismatch/k3": 0.0123, "mismatch/tokens": 77, "train/gen_kl_error": 0.0124, "rollout_corr/kl": 0.5}
+    write_result(tmp_path / "diagnostics" / "external.json", stage="external", experiment="t", config={},
+                 metrics={"dump": ext}, by_position={}, by_step={}, omitted=[],
+                 sources={"dump": {"layout": "nemo-rl", "files": ["x/train_data_step8.jsonl"], "num_files": 3,
+                                   "rows": 32, "steps": [8, 24], "kl_full_vocab_omitted": "no logits logged"}},
+                 gate=[{"pair": "dump", "metric": "train/gen_kl_error", "value": 0.0124, "limit": 0.03,
+                        "rule": "ceiling", "pass": True}])
+    text = section_mismatch(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| external: dump (nemo-rl log)"))
+    assert "| 0.012 |" in row and "| not logged |" in row and row.rstrip().endswith("| 77 | not logged | not logged |")
+    assert "| nemo-rl | x/train_data_step8.jsonl … (3 files) | 32 | 8–24 | no logits logged |" in text
+    fw = next(line for line in text.splitlines() if line.startswith("| BF16") and "1.000e-05 |" in line
+              and line.count("|") == 10)
+    assert fw
+    assert "| train/gen_kl_error | 0.012 | 0.030 | ceiling | pass |" in text

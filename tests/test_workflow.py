@@ -77,6 +77,16 @@ _BASE = "experiment: bad\n"
         ("device: cuda\ngpus: 3\ngpu_slots: 4", "config: gpu_slots: 4 slots do not split over gpus: 3"),
         ("device: cuda\ngpus: 2\ngpu_slots: 4\nthroughput: {gpus_per_job: 4}",
          "config: throughput.gpus_per_job: 4 GPUs for one job, the machine has gpus: 2"),
+        ("diagnostics: {external: [{name: x, path: nope/dump}]}",
+         "config: diagnostics.external[0].path: nope/dump does not exist"),
+        ("rl: {runs: ['bf16:bf16']}\ndiagnostics: {external: [{name: x, rl_run: nope}]}",
+         "config: diagnostics.external[0].rl_run: 'nope' is not a run of rl.runs (bf16__bf16__none)"),
+        ("rl: {runs: ['bf16:bf16']}\ndiagnostics: {external: [{name: x, rl_run: bf16__bf16__none}]}",
+         "config: diagnostics.external[0].rl_run: the run dumps no rollouts: set rl.rollout_dump_every"),
+        ("diagnostics: {external: [{name: x, path: README.md, ceilings: {gen_kl_eror: 1}}]}",
+         "config: diagnostics.external[0].ceilings: unknown metric 'gen_kl_eror'"),
+        ("diagnostics: {external: [{name: x, path: README.md}, {name: x, path: README.md}]}",
+         "config: diagnostics.external[1].name: 'x' names two external logs"),
     ],
 )
 def test_bad_config_is_one_line_at_parse_time(tmp_path, yaml_text, line):

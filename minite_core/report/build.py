@@ -14,6 +14,7 @@ from pathlib import Path
 from minite_core.profiles import PROFILES
 from minite_core.report.claims import HEALTHY_K3, section_claims
 from minite_core.report.common import fmt as _fmt, load as _load, table as _table, vllm_peer_dir
+from minite_core.report.external import external_rows, section_external
 from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table
 from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
 from minite_core.report.te import claim_agreement, section_te
@@ -200,7 +201,7 @@ def section_mismatch(results: Path) -> str:
     keys = ["k3", "k3_se", "k1", "kl_full_vocab", "max_abs_delta", "abs_dp_mean", "chi2", "ess", "ratio_outside_C",
             "pearson_p", "argmax_flip", "tokens"]
     rows = [[pair_label(pair)] + [m.get(f"mismatch/{k}") for k in keys] + _routing_cells(m)
-            for pair, m in res["metrics"].items()]
+            for pair, m in res["metrics"].items()] + external_rows(results, keys)
     ordered = sorted(res["metrics"].items(), key=lambda kv: kv[1]["mismatch/k3"])
     cfg = res["config"]
     figs = results / "diagnostics" / "figures"
@@ -218,7 +219,8 @@ def section_mismatch(results: Path) -> str:
             + _img(results, figs / "routing_by_layer.png", "routing disagreement per MoE layer")
             + "\n### Mismatch budget\n\n" + _budget_table(res)
             + "\n### By response position\n\n" + _img(results, figs / "k3_by_position.png", "k3 by position")
-            + _img(results, figs / "kl_by_position.png", "full-vocabulary KL by position"))
+            + _img(results, figs / "kl_by_position.png", "full-vocabulary KL by position")
+            + section_external(results, {pair_label(p): m for p, m in res["metrics"].items()}))
 
 
 def section_trace(results: Path) -> str:

@@ -5,6 +5,8 @@
 from pathlib import Path
 
 from minite_core.experiment import (
+    external_args,
+    external_pairs,
     gpu_slots,
     input_path,
     launcher,

@@ -33,7 +33,36 @@ rule diagnostics:
         gpu=GPU,
     params:
         run=RUN,
-        config=section_json(config, "diagnostics", drop=DIAGNOSTICS_INPUTS),
+        config=section_json(config, "diagnostics", drop=DIAGNOSTICS_INPUTS + ("external",)),
     shell:
         "minite diagnose --checkpoint {input.checkpoint} --prompts {input.prompts} --calib {input.calib} "
         "--out {output.json} --figures {output.figures} {params.run} --config-json {params.config:q} > {log} 2>&1"
+
+
+# Other engines' logged rollouts (`diagnostics.external`: a file / directory in any layout of docs/rollouts.md, or an
+# RL run's own rollouts/ dump), measured without a model; the report shows them beside the pairs above.
+EXTERNAL = external_pairs(config)
+
+
+rule diagnostics_external:
+    input:
+        logs=[e["input"] for e in EXTERNAL],
+    output:
+        json=f"{RESULTS}/diagnostics/external.json",
+        md=f"{RESULTS}/diagnostics/external.md",
+        figures=report(
+            directory(f"{RESULTS}/diagnostics/external_figures"),
+            patterns=["{name}.png"],
+            caption="../report/diagnostics_external.rst",
+            category="Diagnostics",
+        ),
+    log:
+        f"{RESULTS}/logs/diagnostics_external.log",
+    conda:
+        ENV
+    params:
+        rollouts=external_args(config),
+        experiment=config["experiment"],
+    shell:
+        "minite diagnose {params.rollouts} --out {output.json} --report {output.md} --figures {output.figures} "
+        "--experiment {params.experiment} > {log} 2>&1"

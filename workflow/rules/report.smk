@@ -9,6 +9,7 @@ rule report:
         throughput_sampler=rules.throughput_sampler.output.json,
         pretrain=rules.pretrain.output.json,
         diagnostics=rules.diagnostics.output.json,
+        external=rules.diagnostics_external.output.json if EXTERNAL else [],
         rl_figures=rules.rl_figures.output.png,
         eval=expand(
             rules.eval_checkpoint.output.json, run=EVAL_RUNS, profile=EVAL_PROFILES
