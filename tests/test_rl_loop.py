@@ -209,6 +209,8 @@ def test_tensorboard_and_rollout_dump_survive_a_resume(base, tmp_path):
 
     cfg = dataclasses.replace(RL, steps=3, checkpoint_every=2, rollout_dump_every=2)
     run = tmp_path / "r"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "rollouts" / "train_data_step4.jsonl").write_text("{}\n")  # an earlier, longer run's: pruned
     _run(base, run, cfg=cfg)
     first = _scalars(run, "train/gen_kl_error")
     assert [s for s, _ in first] == [1, 2, 3]

@@ -181,3 +181,10 @@ def write_nemo_rl_step(directory, step: int, *, prompt_ids: list[list[int]], res
                "prev_logprobs": [seq(logp_learner[i, :R].tolist())], "idx": i}
         lines.append(json.dumps(rec))
     return atomic_write_bytes(Path(directory) / NEMO_RL_FILE.format(step=step), ("\n".join(lines) + "\n").encode())
+
+
+def prune_steps_after(directory, step: int) -> None:
+    """Remove the train_data_step{N}.jsonl files with N > step (a resumed run rewrites them)."""
+    for f in Path(directory).glob("train_data_step*.jsonl"):
+        if (_file_step(f) or 0) > step:
+            f.unlink()

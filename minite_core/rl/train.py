@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 
 from minite_core.engines import Learner, Sampler, make_sampler, resolve_engine
 from minite_core.engines.calibration import calibrate_on_examples
-from minite_core.diagnostics.layouts import write_nemo_rl_step
+from minite_core.diagnostics.layouts import prune_steps_after, write_nemo_rl_step
 from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model import load_pretrained, save_pretrained, set_profile
@@ -363,6 +363,8 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
         step, extra, log = side.resume(state_dir, restart)
         board = RunBoard(out if side.main else None, step)  # TensorBoard events beside metrics.csv (rank 0)
         dump_dir = out / ROLLOUTS if side.main and cfg.rollout_dump_every else None
+        if dump_dir is not None:  # dumps past the resumed step: a killed process's, or an earlier run's
+            prune_steps_after(dump_dir, step)
         if step == 0:
             extra["eval_initial"] = heldout()
         eval_keys = [f"eval/{k}" for k in extra["eval_initial"] if k != "correct"]
