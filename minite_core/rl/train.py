@@ -193,9 +193,9 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     if dump_dir is not None and cfg.rollout_dump_every and step % cfg.rollout_dump_every == 0:
         write_nemo_rl_step(dump_dir, step, prompt_ids=prompts, response_ids=roll.response_ids,
                            logp_sampler=rp["logprobs"], logp_learner=logp_old, mask=mask, rewards=rewards.tolist(),
-                           advantages=adv.tolist(),
-                           contents=[[train[i]["prompt"], decode_response(tok, r)]  # NeMo-RL: the messages' texts
-                                     for i, r in zip([i for i in pick for _ in range(G)], roll.response_ids)])
+                           advantages=adv.tolist(),  # content: NeMo-RL's messages' texts
+                           contents=[[q, decode_response(tok, r)] for q, r in
+                                     zip((train[i]["prompt"] for i in pick for _ in range(G)), roll.response_ids)])
 
     grad_norms, actor = (update or _update)(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
                                 mask, rp["logprobs"], correction, routes)
