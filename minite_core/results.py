@@ -41,14 +41,17 @@ def env_info() -> dict:
     return {"gpu": gpu, "torch": torch.__version__, "commit": os.environ.get("MINITE_COMMIT", commit), **_RUN_ENV}
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write via `<path>.tmp` + rename: an interruption leaves the previous file (or none), never half of one,
-    and a failed write removes its `.tmp`."""
+def atomic_write_bytes(path: str | Path, *chunks: bytes | memoryview) -> Path:
+    """Write `chunks` (one file, in order) via `<path>.tmp` + rename: an interruption leaves the previous file (or
+    none), never half of one, and a failed write removes its `.tmp`. Several chunks spare a large payload the copy
+    of joining it to a header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -68,9 +71,19 @@ def write_result(path, *, stage: str, experiment: str, config: dict, metrics: di
 
 
 def read_result(path, stage: str | None = None) -> dict:
-    payload = json.loads(Path(path).read_text())
+    """A results file. Every way it can be unusable is a ValueError naming it: not JSON (empty, cut short), not a
+    JSON object, or (`stage` given) a `schema` field other than `<stage>/v1`."""
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a valid results file ({e}); rerun the stage that writes it") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path} is not a results file (a JSON {type(payload).__name__}, not an object); rerun "
+                         "the stage that writes it")
     if stage is not None and payload.get("schema") != f"{stage}/v1":
-        raise ValueError(f"{path}: schema {payload.get('schema')!r} is not {stage}/v1")
+        raise ValueError(f"{path}: schema {payload.get('schema')!r} is not {stage}/v1 (another stage's file, or "
+                         "one written by another version); rerun the stage that writes it")
     return payload
 
 

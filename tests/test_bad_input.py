@@ -16,7 +16,7 @@ from minite_core.formats.nvfp4 import FLT_MAX, dequantize, quantize
 from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained
 from minite_core.results import atomic_write_bytes
 from minite_core.runs.lock import RunLock, RunLocked
-from minite_core.runs.state import DamagedState, resume, save_state
+from minite_core.runs.state import DamagedState, OtherRun, read_state_file, resume, save_state
 from minite_core.task.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +89,16 @@ def test_truncated_safetensors_names_the_file(tmp_path):
         load_pretrained(ckpt)
 
 
+def test_a_flipped_byte_in_a_checkpoint_names_the_file(tmp_path):
+    ckpt = _tiny(tmp_path)
+    weights = ckpt / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-5] ^= 0x01  # a bit of the last weight: safetensors alone would load it
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=rf"{weights} is damaged"):
+        load_pretrained(ckpt)
+
+
 def test_not_a_checkpoint_dir_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_pretrained(tmp_path)
@@ -118,6 +128,44 @@ def test_empty_batches_are_errors():
         Sampler(model, "bf16").generate([], max_new_tokens=2, seed=0)
     with pytest.raises(ValueError, match="no prompts"):
         pack_right([], [])
+
+
+# ---- inputs against the model: positions, vocabulary ------------------------------------------------------------
+def test_sequences_beyond_the_models_positions_are_errors():
+    from minite_core.engines import Learner, Sampler
+
+    model = CausalLM(PRESETS["tiny-moe"]).init_weights(0)  # max_position_embeddings 256, vocabulary 64
+    with pytest.raises(ValueError, match=r"prompt 1 has 200 tokens \+ 100 new tokens = 300 positions > the "
+                                         r"model's max_position_embeddings 256; lower max_new_tokens"):
+        Sampler(model, "bf16").generate([[1, 2], [5] * 200], max_new_tokens=100, seed=0)
+    with pytest.raises(ValueError, match="prompt \\+ response 0 has 257 tokens"):
+        Learner(model, "bf16").logprobs([[1] * 200], [[2] * 57])
+
+
+def test_token_ids_outside_the_vocabulary_are_errors():
+    from minite_core.engines import Learner, Sampler
+
+    model = CausalLM(PRESETS["tiny-moe"]).init_weights(0)
+    with pytest.raises(ValueError, match="prompt 0 holds token id 64, outside the model's vocabulary of 64"):
+        Sampler(model, "bf16").generate([[1, 64]], max_new_tokens=2, seed=0)
+    with pytest.raises(ValueError, match="holds token id -1"):
+        Learner(model, "bf16").logprobs([[1, 2]], [[-1]])
+
+
+def test_rl_with_responses_past_the_models_positions_is_one_line(tmp_path):
+    from minite_core.task import data as data_mod
+
+    data_mod.main(["--out", str(tmp_path / "data"), "--config-json",
+                   '{"levels": ["add2"], "n_train_per_level": 8, "n_heldout_per_level": 2}'])
+    from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
+
+    ckpt = save_tokenizer(build_tokenizer(), _tiny(tmp_path))
+    res = _minite("rl", "--pretrained", str(ckpt), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r"),
+                  "--learner", "bf16", "--sampler", "bf16", "--no-progress", "--config-json",
+                  '{"steps": 1, "max_new_tokens": 600, "eval_n": 2, "calibration_examples": 2}')
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr[-2000:]
+    assert "max_position_embeddings 256" in lines[0] and lines[0].startswith("minite rl: error: prompt")
 
 
 # ---- run directory: lock, checked resume, atomic writes ------------------------------------------------------
@@ -170,8 +218,57 @@ def test_truncated_state_names_the_file(tmp_path):
     model, opt, cfg = _state(tmp_path)
     state = tmp_path / "state.pt"
     state.write_bytes(state.read_bytes()[:100])
-    with pytest.raises(DamagedState, match=rf"{state} cannot be read.*--restart"):
+    with pytest.raises(DamagedState, match=rf"{state} is damaged: its sha256 .*--restart"):
         resume(tmp_path, model=model, optimizer=opt, config=cfg, log_name="metrics.csv")
+    state.write_bytes(b"garbage")
+    with pytest.raises(DamagedState, match=rf"{state} is not a minite state file"):
+        resume(tmp_path, model=model, optimizer=opt, config=cfg, log_name="metrics.csv")
+
+
+def test_a_flipped_byte_in_the_state_names_the_file(tmp_path):
+    model, opt, cfg = _state(tmp_path)
+    state = tmp_path / "state.pt"
+    raw = bytearray(state.read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # one bit of a tensor's payload: torch.load would read it without a word
+    state.write_bytes(bytes(raw))
+    with pytest.raises(DamagedState, match=rf"{state} is damaged"):
+        resume(tmp_path, model=model, optimizer=opt, config=cfg, log_name="metrics.csv")
+
+
+def test_a_state_without_checksum_still_loads(tmp_path):
+    """A state.pt written by plain torch.save (before checksums) is read as it is: its config decides."""
+    model, opt, cfg = _state(tmp_path)
+    state = tmp_path / "state.pt"
+    torch.save(read_state_file(state), state)
+    step, _, _ = resume(tmp_path, model=model, optimizer=opt, config=cfg, log_name="metrics.csv")
+    assert step == 3
+
+
+def test_another_config_never_overwrites_a_run(tmp_path):
+    run, state_dir = tmp_path / "run", tmp_path / "run" / "state"
+    model, opt = torch.nn.Linear(4, 4), None
+    opt = torch.optim.AdamW(model.parameters())
+    kw = dict(model=model, optimizer=opt, log_name="metrics.csv", run_dir=run, outputs=("summary.json",),
+              result="summary.json")
+    _, _, log = resume(state_dir, config={"lr": 1e-4, "learner": "bf16"}, **kw)
+    log.append({"step": 1, "loss": 1.0})
+    save_state(state_dir, step=1, model=model, optimizer=opt, config={"lr": 1e-4, "learner": "bf16"})
+    (run / "summary.json").write_text('{"config": {"lr": 0.0001, "learner": "bf16"}}')
+    other = {"lr": 1e-3, "learner": "bf16"}
+    with pytest.raises(OtherRun, match=r"holds a run of another config \(lr: 0.0001 -> 0.001\); give this run "
+                                       r"another --out, or pass --restart"):
+        resume(state_dir, config=other, **kw)
+    assert (state_dir / "state.pt").exists() and (run / "summary.json").exists()  # untouched
+    (state_dir / "state.pt").unlink()  # a finished run whose state is gone: its results file still guards it
+    with pytest.raises(OtherRun, match="lr: 0.0001 -> 0.001"):
+        resume(state_dir, config=other, **kw)
+    step, _, _ = resume(state_dir, config=other, restart=True, **kw)
+    kept = list((run / "previous").iterdir())
+    assert step == 0 and len(kept) == 1 and (kept[0] / "summary.json").exists()
+    assert (kept[0] / "state" / "metrics.csv").exists() and not (run / "summary.json").exists()
+    save_state(state_dir, step=1, model=model, optimizer=opt, config=other)
+    step, _, _ = resume(state_dir, config={"lr": 1e-2, "learner": "bf16"}, on_change="restart", **kw)
+    assert step == 0 and len(list((run / "previous").iterdir())) == 2  # the DAG's choice: kept, then over
 
 
 def test_atomic_write_leaves_no_tmp_on_error(tmp_path, monkeypatch):

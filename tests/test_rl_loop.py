@@ -23,6 +23,7 @@ from minite_core.model import load_pretrained
 from minite_core.results import read_result
 from minite_core.task import data as data_mod
 from minite_core.rl import train as train_mod
+from minite_core.runs.state import read_state_file, write_state_file
 from minite_core.runs.steplog import StepLog
 from minite_core.rl.pretrain import PretrainConfig, pretrain
 from minite_core.rl.train import TIMING_PREFIX, RLConfig, run_name, train
@@ -128,6 +129,26 @@ def test_resume_is_exact(base, tmp_path):
         assert torch.equal(pa, pb), name
 
 
+def test_a_finished_run_is_never_overwritten_by_another_config(base, tmp_path):
+    """`minite rl --out <a finished run>` with another learner: an error naming the keys, the run untouched;
+    --restart keeps it under previous/<time>/; the same config resumes (here: finds the run finished)."""
+    cfg = dataclasses.replace(RL, steps=1)
+    out = tmp_path / "r"
+    _run(base, out, cfg=cfg)
+    summary = (out / "summary.json").read_bytes()
+    with pytest.raises(ValueError, match=r"another config \(learner: \"te-nvfp4\" -> \"bf16\"; sampler: "
+                                         r"\"vllm-nvfp4\" -> \"bf16\"\).*another --out, or pass --restart"):
+        train(pretrained=base / "pre" / "model", data_dir=base / "data", out=out, cfg=cfg, seed=5, progress=False,
+              learner_profile="bf16", sampler_profile="bf16", correction="tis")
+    assert (out / "summary.json").read_bytes() == summary
+    assert _run(base, out, cfg=cfg)["steps"] == 1  # the same config: resumed at its last step
+    train(pretrained=base / "pre" / "model", data_dir=base / "data", out=out, cfg=cfg, seed=5, progress=False,
+          learner_profile="bf16", sampler_profile="bf16", correction="tis", restart=True)
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "summary.json").read_bytes() == summary and (kept / "final" / "model.safetensors").exists()
+    assert read_result(out / "summary.json")["config"]["learner"] == "bf16"
+
+
 def test_resume_drops_rows_after_the_checkpoint(base, tmp_path):
     """A kill after step 3 with the checkpoint at step 2: row 3 is in the live CSV; resuming replays it once."""
     cfg = dataclasses.replace(RL, steps=3, checkpoint_every=2)
@@ -139,9 +160,9 @@ def test_resume_drops_rows_after_the_checkpoint(base, tmp_path):
     _run(base, tmp_path / "ref", cfg=dataclasses.replace(cfg, steps=2))
     (state / "state.pt").write_bytes((tmp_path / "ref" / "state" / "state.pt").read_bytes())
     # the step-2 state was saved under steps=2: same config otherwise; copy it into a steps=3 run's state
-    ckpt = torch.load(state / "state.pt", weights_only=False)
+    ckpt = read_state_file(state / "state.pt")
     ckpt["config"]["steps"] = 3
-    torch.save(ckpt, state / "state.pt")
+    write_state_file(state / "state.pt", ckpt)
     _run(base, tmp_path / "r", cfg=cfg)
     again = log.rows()
     assert [r["step"] for r in again] == ["1", "2", "3"]

@@ -55,9 +55,15 @@ class Learner:
         self.step = int(step)
         set_sr_seeds(self.model, self.seed, self.step)
 
+    def _check(self, prompt_ids, response_ids) -> None:
+        """Prompt + response rows against the model's vocabulary and positions (ModelConfig.check_tokens)."""
+        self.model.config.check_tokens([list(p) + list(r) for p, r in zip(prompt_ids, response_ids)],
+                                       what="prompt + response")
+
     def response_logits(self, prompt_ids, response_ids, *, grad: bool = False):
         """Raw logits (N, T, V) fp32 at the positions that predict each response token, and mask (N, T) bool."""
         set_profile(self.model, self.profile)
+        self._check(prompt_ids, response_ids)
         ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device, length=self.pad_length)
         N, T = mask.shape
         step = self.batch_size or max(N, 1)
@@ -93,6 +99,7 @@ class Learner:
         profile replays routing on an MoE model, else unused. record_routes: return this forward's routing.
         sampler_rows: per row (R_i, V) the sampler's processed log-probs -> Scores.kl_full_vocab."""
         set_profile(self.model, self.profile)
+        self._check(prompt_ids, response_ids)
         ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device, length=self.pad_length)
         N, T = mask.shape
         layers = moe_layers(self.model)

@@ -211,6 +211,7 @@ class Sampler:
         """Rows in chunks of `batch_size` (None = all at once); record_routes / keep_logprob_rows fill
         Rollout.routes / Rollout.logprob_rows."""
         check_generate_args(prompts, max_new_tokens, temperature, top_p)
+        self.model.config.check_tokens(prompts, new_tokens=max_new_tokens, what="prompt")
         set_profile(self.model, self.profile)
         self.model.eval()
         batch_size = batch_size or len(prompts)

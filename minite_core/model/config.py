@@ -88,6 +88,21 @@ class ModelConfig:
         return (layer_idx not in self.mlp_only_layers and self.num_experts > 0
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
+    def check_tokens(self, rows, *, new_tokens: int = 0, what: str = "sequence") -> None:
+        """Token rows (lists of ids) against what this model was built for: every id in [0, vocab_size), every
+        row's length + new_tokens <= max_position_embeddings (RoPE would run past them without a word).
+        ValueError naming the row, the limit and what to do. Host lists only: no device sync."""
+        for i, row in enumerate(rows):
+            if row and (min(row) < 0 or max(row) >= self.vocab_size):
+                bad = next(t for t in row if not 0 <= t < self.vocab_size)
+                raise ValueError(f"{what} {i} holds token id {bad}, outside the model's vocabulary of "
+                                 f"{self.vocab_size}: the tokenizer does not belong to this checkpoint")
+            if len(row) + new_tokens > self.max_position_embeddings:
+                extra = f" + {new_tokens} new tokens" if new_tokens else ""
+                raise ValueError(f"{what} {i} has {len(row)} tokens{extra} = {len(row) + new_tokens} positions > "
+                                 f"the model's max_position_embeddings {self.max_position_embeddings}; lower "
+                                 "max_new_tokens or shorten the inputs")
+
     def replace(self, **fields) -> "ModelConfig":
         return dataclasses.replace(self, **fields)
 

@@ -15,16 +15,20 @@ module names (`...q_proj.input_amax`); transformers reports them as unexpected k
 
 Loading checks what it loads: a missing or unreadable config.json / safetensors file is an error naming the file,
 and every floating tensor must be finite (one check per tensor on load: a NaN weight would otherwise surface as
-NaN metrics with exit 0). Saving is atomic per file (results.atomic_write_bytes).
+NaN metrics with exit 0). Saving is atomic per file (results.atomic_write_bytes). Our safetensors files carry the
+sha256 of their tensor data in the header's metadata (`minite.sha256`, hashed from the bytes in memory while
+writing); loading one reads the file once, checks the hash and then parses those bytes, so a changed byte is an
+error naming the file. Files without the key (other tools' checkpoints) load as they are, memory-mapped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save
+from safetensors.torch import load, load_file, save
 
 from minite_core.model.config import ModelConfig
 from minite_core.model.qwen3_moe import CausalLM
@@ -33,14 +37,37 @@ from minite_core.results import atomic_write_bytes
 CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME = "config.json", "model.safetensors", "model.safetensors.index.json"
 _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _AMAX = ".input_amax"
+SHA256_KEY = "minite.sha256"  # safetensors metadata: sha256 of the file's tensor data (module docstring)
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+    """safetensors `save`, its header's metadata extended by SHA256_KEY (the tensor data's hash), atomically."""
+    blob = save(tensors, metadata=metadata)
+    n = int.from_bytes(blob[:8], "little")
+    header, data = json.loads(blob[8:8 + n]), memoryview(blob)[8 + n:]
+    header.setdefault("__metadata__", {})[SHA256_KEY] = hashlib.sha256(data).hexdigest()
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data stays 8-byte aligned, as safetensors writes it
+    return atomic_write_bytes(path, len(text).to_bytes(8, "little"), text, data)
 
 
 def _load_file(path: Path, device) -> dict[str, torch.Tensor]:
     try:
-        return load_file(path, device=str(device))
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            digest = (json.loads(fh.read(n)).get("__metadata__") or {}).get(SHA256_KEY)
+        if digest is None:  # not ours: as it is, memory-mapped
+            return load_file(path, device=str(device))
+        raw = path.read_bytes()
+        intact = hashlib.sha256(memoryview(raw)[8 + n:]).hexdigest() == digest
+        tensors = load(raw) if intact else None
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for one meaning: a damaged file
         raise ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:160]}); rewrite or re-download it") from None
+    if tensors is None:
+        raise ValueError(f"{path} is damaged: the sha256 of its tensor data does not match its header (a changed "
+                         "or truncated byte); rerun the stage that wrote it")
+    return {k: v.to(device) for k, v in tensors.items()}
 
 
 def read_safetensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -174,6 +201,6 @@ def save_pretrained(model: CausalLM, path: str | Path, dtype: torch.dtype | None
     tensors = to_hf_state_dict(model, dtype)
     stored = dtype if dtype is not None else model.model.embed_tokens.weight.dtype
     config = json.dumps(model.config.to_hf(dtype=str(stored).removeprefix("torch.")), indent=2) + "\n"
-    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    write_safetensors(path / WEIGHTS_NAME, tensors, {"format": "pt"})
     atomic_write_bytes(path / CONFIG_NAME, config.encode())
     return path

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
 
 from minite_core.formats.nvfp4 import GLOBAL_ENC_NUMERATOR, NVFP4Tensor, dequantize, global_encode_scale, quantize
 from minite_core.model.config import ModelConfig
-from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, check_finite, read_config, read_safetensors
+from minite_core.model.io import (CONFIG_NAME, WEIGHTS_NAME, check_finite, read_config, read_safetensors,
+                                 write_safetensors)
 from minite_core.model.qwen3_moe import CausalLM
 from minite_core.kernels import dispatch
 from minite_core.nn import GroupedLinear, QuantLinear, gemm_modules
@@ -264,7 +264,7 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
     path.mkdir(parents=True, exist_ok=True)
     hf = model.config.to_hf(dtype=str(dtype).removeprefix("torch."))
     hf["quantization_config"] = quantization_config(ignore)
-    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    write_safetensors(path / WEIGHTS_NAME, tensors, {"format": "pt"})
     atomic_write_bytes(path / CONFIG_NAME, (json.dumps(hf, indent=2) + "\n").encode())
     return path
 

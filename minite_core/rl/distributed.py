@@ -147,11 +147,11 @@ class DataParallelSide(OneProcess):
         self.shadow.state.clear()
         dist.barrier()
 
-    def resume(self, state_dir, restart: bool):
+    def resume(self, state_dir, restart: bool, on_change: str = "error", out=None):
         run, log = self.run, _NoLog()
         head = [0, {}]
         if self.main:
-            step, extra, log = super().resume(state_dir, restart)
+            step, extra, log = super().resume(state_dir, restart, on_change, out)
             head = [step, extra]
         dist.broadcast_object_list(head, src=0)
         step, extra = head

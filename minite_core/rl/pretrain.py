@@ -45,6 +45,7 @@ from minite_core.seeds import tagged
 from minite_core.task.data import TOKENIZER, load_split
 from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode, load_tokenizer, save_tokenizer
 
+OUTPUTS = ("model", "loss.csv", "pretrain.json")  # what a run writes to --out (what --restart sets aside)
 VOCAB_SIZE = 64  # len(VOCAB) = 54 rounded up to a multiple of 16 (extra rows are never targets)
 
 
@@ -160,6 +161,7 @@ def _setup(cfg: PretrainConfig, data_dir: str | Path, seed: int, device: str) ->
     if len(tok) > VOCAB_SIZE:
         raise ValueError(f"tokenizer has {len(tok)} tokens > model vocab {VOCAB_SIZE}")
     prompts, responses = encode(tok, train)
+    cfg.model_config().check_tokens([p + r for p, r in zip(prompts, responses)], what="training example")
     model = CausalLM(cfg.model_config()).init_weights(tagged(seed, "init")).to(device)
     set_profile(model, cfg.profile)
     model.train()
@@ -198,15 +200,17 @@ def sft_step(run: _SFT, step: int) -> dict:
 
 def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, state_dir: str | Path, seed: int,
              experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
-             stop_after: int | None = None, restart: bool = False) -> dict:
+             stop_after: int | None = None, restart: bool = False, on_change: str = "error") -> dict:
     """Run (or resume) SFT; returns the metrics of pretrain.json. ``stop_after`` = stop after that many steps of
-    this call without finishing (tests use it to simulate a kill); ``restart`` discards the resume state."""
+    this call without finishing (tests use it to simulate a kill); ``restart`` sets the run in ``out`` aside and
+    starts over; ``on_change``: what a run of another config in ``out`` gets (runs/state.py `resume`)."""
     out, state_dir = Path(out), Path(state_dir)
     out.mkdir(parents=True, exist_ok=True)
     run = _setup(cfg, data_dir, seed, device)
     with RunLock(state_dir):  # one writer per state directory; the log lives beside the state
         step, extra, log = resume(state_dir, model=run.model, optimizer=run.opt, config=run.run_cfg,
-                                  log_name="loss.csv", restart=restart)
+                                  log_name="loss.csv", restart=restart, on_change=on_change, run_dir=out,
+                                  outputs=OUTPUTS, result="pretrain.json")
         last_eval, t_start, steps_this_call = extra.get("last_eval"), time.time(), 0
         # a stop at the target accuracy that was killed before the final write is done already
         done = "target" if last_eval is not None and last_eval["acc"] >= cfg.target_accuracy[0] else None
@@ -258,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_run_args(p, argv, PretrainConfig)
     metrics = pretrain(cfg, data_dir=args.data, out=args.out, state_dir=args.state or Path(args.out) / "state",
                        seed=args.seed, experiment=args.experiment, device=args.device,
-                       progress=not args.no_progress, restart=args.restart)
+                       progress=not args.no_progress, restart=args.restart,
+                       on_change="restart" if args.restart_if_changed else "error")
     print(f"pretrain: {metrics['steps']} steps ({metrics['stop_reason']}), held-out accuracy "
           f"{metrics['heldout_accuracy']:.3f} {metrics['accuracy_per_level']}")
     return 0

@@ -85,6 +85,7 @@ from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, 
 
 FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
 ROLLOUTS = "rollouts"  # the run's rollout dumps (RLConfig.rollout_dump_every), NeMo-RL's layout
+OUTPUTS = ("metrics.csv", "summary.json", FINAL, ROLLOUTS)  # what a run writes to --out (what --restart sets aside)
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
 
 
@@ -324,10 +325,11 @@ class OneProcess:
     def lock(self, state_dir: Path):
         return RunLock(state_dir)  # one writer per run directory
 
-    def resume(self, state_dir: Path, restart: bool):
+    def resume(self, state_dir: Path, restart: bool, on_change: str = "error", out: Path | None = None):
         run = self.run
         return resume(state_dir, model=run.sampler.model, optimizer=self.state_opt, config=run.run_cfg,
-                      log_name="metrics.csv", restart=restart)
+                      log_name="metrics.csv", restart=restart, on_change=on_change, run_dir=out, outputs=OUTPUTS,
+                      result="summary.json")
 
     def save(self, state_dir: Path, step: int, extra: dict) -> None:
         save_state(state_dir, step=step, model=self.run.sampler.model, optimizer=self.state_opt,
@@ -343,9 +345,11 @@ class OneProcess:
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
           learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
           experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
-          stop_after: int | None = None, restart: bool = False, name: str | None = None) -> dict:
+          stop_after: int | None = None, restart: bool = False, name: str | None = None,
+          on_change: str = "error") -> dict:
     """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
-    call, leaving a checkpoint (tests use it as a kill); ``restart`` discards the resume state; ``name``: the
+    call, leaving a checkpoint (tests use it as a kill); ``restart`` sets the run in ``out`` aside and starts
+    over; ``on_change``: what a run of another config in ``out`` gets (runs/state.py `resume`); ``name``: the
     run's name in summary.json (default ``run_name(learner, sampler, correction)``; the DAG passes its own, which
     carries the run seed)."""
     out = Path(out)
@@ -360,7 +364,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     model, S = run.sampler.model, run.sampler.profile  # full weights: evaluation, checkpoint, final/
     heldout = lambda: _heldout(run, model, S) if side.main else {}  # noqa: E731 - rank 0 evaluates
     with side.lock(state_dir):
-        step, extra, log = side.resume(state_dir, restart)
+        step, extra, log = side.resume(state_dir, restart, on_change, out)
         board = RunBoard(out if side.main else None, step)  # TensorBoard events beside metrics.csv (rank 0)
         dump_dir = out / ROLLOUTS if side.main and cfg.rollout_dump_every else None
         if dump_dir is not None:  # dumps past the resumed step: a killed process's, or an earlier run's
@@ -468,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
-                    progress=not args.no_progress, restart=args.restart, name=args.name)
+                    progress=not args.no_progress, restart=args.restart, name=args.name,
+                    on_change="restart" if args.restart_if_changed else "error")
     if torch.distributed.is_initialized():  # torchrun: every rank returns rank 0's summary
         torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")):

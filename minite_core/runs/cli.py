@@ -54,7 +54,10 @@ def add_run_args(parser: argparse.ArgumentParser, config_help: str) -> None:
     add_common_args(parser, config_help=config_help)
     parser.add_argument("--state", default=None, help="resume-state directory (default: <out>/state)")
     parser.add_argument("--restart", action="store_true",
-                        help="discard the resume state (and its step log) and start the run over")
+                        help="start the run over; the run already in --out is kept under <out>/previous/<time>/")
+    parser.add_argument("--restart-if-changed", action="store_true",
+                        help="a run of another config in --out is kept under <out>/previous/<time>/ and this one "
+                             "starts over (else that is an error); a run of this config resumes")
     parser.add_argument("--no-progress", action="store_true")
 
 

@@ -16,10 +16,20 @@ Files (all written atomically: temp file + ``os.replace``, so an interruption le
 - the step log, a CSV with one row per step (``StepLog``); on resume the rows after the checkpoint's step are
   dropped, so steps replayed after a crash are not logged twice.
 
-Resume checks what it resumes (`resume`): a state that cannot be read, or a step log that does not hold exactly
-the steps 1..N of the checkpoint (deleted, cut short, edited), stops the run with an error naming the file —
-a partial log is never reused; `--restart` (``restart=True``) discards both and starts over. A state left by a
-different run (config, inputs or code changed) is moved aside to ``state.pt.stale`` and the run recomputes.
+Resume checks what it resumes (`resume`): a state that cannot be read or whose checksum does not match, or a
+step log that does not hold exactly the steps 1..N of the checkpoint (deleted, cut short, edited), stops the run
+with an error naming the file — a partial log is never reused.
+
+A run directory is never overwritten by another run. Its state, or its finished results file (summary.json,
+pretrain.json) when the state is gone, records the config that made it; a run of another config (another
+profile, lr, seed, input or code: `fingerprint`) is an error naming the keys that differ and the two ways on:
+another output directory, or `--restart`, which moves the old run (its outputs and state) to
+`<run dir>/previous/<date-time>/` and starts over. `on_change="restart"` (`--restart-if-changed`) does that move
+without asking — what the DAG and `minite sweep` pass, since they rerun a job only when its config changed.
+
+Checksums (`write_state_file` / `read_state_file`): state.pt is a one-line header `minite-state sha256 <hex>`
+followed by the torch.save payload; the hash is computed from the bytes in memory while writing and checked on
+the one read of the file on load, so a flipped byte is an error naming the file, not a later "non-finite loss".
 
 Differs from the usual ``torch.save(everything)`` + ``torch.get_rng_state()`` checkpoints: there is no global RNG
 to save because none is used, which is also what makes the sampler's draws independent of batching order.
@@ -28,16 +38,23 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
+import time
 from pathlib import Path
 
 import torch
 
 from minite_core.results import atomic_write_bytes
+from minite_core.runs.lock import LOCK
 from minite_core.runs.steplog import StepLog
 
 _AMAX = ".input_amax"
 STATE = "state.pt"
-RESTART_HINT = "rerun with --restart (or delete the state directory) to start the run over"
+PREVIOUS = "previous"  # <run dir>/previous/<date-time>/: runs set aside by --restart
+RESTART_HINT = "rerun with --restart (the old run is kept under <run dir>/previous/) to start the run over"
+_MAGIC = b"minite-state sha256 "  # + 64 hex digits + newline, then the torch.save payload
+_ZIP = b"PK"  # a plain torch.save file (written before checksums): read without one
 
 
 class DamagedState(ValueError):
@@ -48,36 +65,50 @@ class OtherRun(ValueError):
     """The state was saved by a run with another config (inputs, code): not this run's to resume."""
 
 
-def save_state(directory: str | Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               config: dict, extra: dict | None = None) -> Path:
-    """Write ``<directory>/state.pt`` atomically; returns its path."""
-    path = Path(directory) / STATE
+def write_state_file(path: str | Path, state: dict) -> Path:
+    """torch.save(state) behind its sha256 header, atomically (module docstring)."""
     buf = io.BytesIO()
-    state = model.state_dict()
-    params = {k: v.detach().cpu().clone() for k, v in state.items() if not k.endswith(_AMAX)}
-    amax = {k: v.detach().cpu().clone() for k, v in state.items() if k.endswith(_AMAX)}
-    torch.save({"step": int(step), "model": params, "amax": amax, "optimizer": optimizer.state_dict(),
-                "config": config, "extra": extra or {}}, buf)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    torch.save(state, buf)
+    payload = buf.getbuffer()
+    header = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+    return atomic_write_bytes(path, header, payload)
 
 
-def load_state(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               config: dict) -> dict | None:
-    """Restore model + optimizer from ``<directory>/state.pt`` if present -> {"step", "extra"}; None if absent.
-    Raises OtherRun if the saved config differs from ``config``, DamagedState if the file cannot be used."""
-    path = Path(directory) / STATE
-    if not path.exists():
-        return None
+def read_state_file(path: str | Path) -> dict:
+    """The dict `write_state_file` wrote, its checksum verified; DamagedState naming the file otherwise."""
+    path = Path(path)
+    raw = path.read_bytes()
+    n = len(_MAGIC) + 65
+    if raw.startswith(_MAGIC):
+        digest, payload = raw[len(_MAGIC):n - 1].decode("ascii", "replace"), memoryview(raw)[n:]
+        if hashlib.sha256(payload).hexdigest() != digest:
+            raise DamagedState(f"{path} is damaged: its sha256 does not match its header (a changed or truncated "
+                               f"byte); {RESTART_HINT}")
+    elif raw.startswith(_ZIP):
+        payload = memoryview(raw)
+    else:
+        raise DamagedState(f"{path} is not a minite state file (no checksum header); {RESTART_HINT}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        saved_config, step = state["config"], int(state["step"])
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        state["config"], int(state["step"])
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing here: a damaged file
         raise DamagedState(f"{path} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
                            f"{RESTART_HINT}") from None
-    if saved_config != config:
-        diff = sorted(k for k in set(saved_config) | set(config) if saved_config.get(k) != config.get(k))
-        raise OtherRun(f"{path}: saved by a run with a different config (keys {diff})")
+    return state
+
+
+def save_state(directory: str | Path, *, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               config: dict, extra: dict | None = None) -> Path:
+    """Write ``<directory>/state.pt`` atomically, with its checksum; returns its path."""
+    state = model.state_dict()
+    params = {k: v.detach().cpu().clone() for k, v in state.items() if not k.endswith(_AMAX)}
+    amax = {k: v.detach().cpu().clone() for k, v in state.items() if k.endswith(_AMAX)}
+    return write_state_file(Path(directory) / STATE, {
+        "step": int(step), "model": params, "amax": amax, "optimizer": optimizer.state_dict(), "config": config,
+        "extra": extra or {}})
+
+
+def _apply(state: dict, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     missing = [k for k in missing if not k.endswith(_AMAX)]
     if missing or unexpected:
@@ -87,7 +118,58 @@ def load_state(directory: str | Path, *, model: torch.nn.Module, optimizer: torc
     for name, t in state.get("amax", {}).items():  # None buffers are not in state_dict(): set them by name
         model.get_submodule(name[: -len(_AMAX)]).input_amax = t.to(device)
     optimizer.load_state_dict(state["optimizer"])
-    return {"step": step, "extra": state["extra"]}
+    return {"step": int(state["step"]), "extra": state["extra"]}
+
+
+def load_state(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               config: dict) -> dict | None:
+    """Restore model + optimizer from ``<directory>/state.pt`` if present -> {"step", "extra"}; None if absent.
+    Raises OtherRun if the saved config differs from ``config``, DamagedState if the file cannot be used."""
+    path = Path(directory) / STATE
+    if not path.exists():
+        return None
+    state = read_state_file(path)
+    if state["config"] != config:
+        raise OtherRun(f"{path}: saved by a run with a different config ({config_diff(state['config'], config)})")
+    return _apply(state, path, model, optimizer)
+
+
+def config_diff(saved: dict, config: dict, limit: int = 6) -> str:
+    """The keys two run configs differ in, with their values (`inputs`: what its fingerprint covers)."""
+    parts = []
+    for k in sorted(set(saved) | set(config), key=str):
+        a, b = saved.get(k, "(absent)"), config.get(k, "(absent)")
+        if a != b:
+            parts.append(f"{k} (the checkpoint, data or minite_core code)" if k == "inputs" else
+                         f"{k}: {_short(a)} -> {_short(b)}")
+    return "; ".join(parts[:limit]) + (f"; {len(parts) - limit} more" if len(parts) > limit else "")
+
+
+def _short(v) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def set_aside(run_dir: str | Path, state_dir: str | Path, outputs: tuple[str, ...]) -> Path | None:
+    """Move a run (`outputs` of run_dir, the state directory's files but its LOCK, held by this process) to
+    `<run_dir>/previous/<date-time>/`; -> that folder, None when there was nothing to move."""
+    run_dir, state_dir = Path(run_dir), Path(state_dir)
+    moves = [(run_dir / name, name) for name in outputs if (run_dir / name).exists()]
+    if state_dir.is_dir():
+        skip = {LOCK, PREVIOUS, *(outputs if state_dir.resolve() == run_dir.resolve() else ())}
+        moves += [(p, f"state/{p.name}") for p in sorted(state_dir.iterdir())
+                  if p.name not in skip and not p.name.endswith(".tmp")]
+    if not moves:
+        return None
+    dest = run_dir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1, 1000):  # two restarts within a second
+        if not dest.exists():
+            break
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{i}")
+    for src, name in moves:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dest / name)
+    return dest
 
 
 def _check_log(log: StepLog, step: int, state_path: Path) -> None:
@@ -102,27 +184,53 @@ def _check_log(log: StepLog, step: int, state_path: Path) -> None:
                            f"damaged and would silently lose steps; {RESTART_HINT}")
 
 
+def _saved_config(state: dict | None, result: Path | None) -> dict | None:
+    """The config of the run already in the directory: its state's, else its finished results file's."""
+    if state is not None:
+        return state["config"]
+    if result is None or not result.exists():
+        return None
+    try:
+        return json.loads(result.read_text())["config"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise DamagedState(f"{result} is not a results file ({e}); {RESTART_HINT}") from None
+
+
 def resume(directory: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: dict,
-           log_name: str, restart: bool = False) -> tuple[int, dict, StepLog]:
-    """-> (step, extra, step log) of this run: resumed from ``<directory>`` (checked: module docstring) or fresh
-    (step 0, empty log). ``restart``: discard the state and the log first."""
+           log_name: str, restart: bool = False, on_change: str = "error", run_dir: str | Path | None = None,
+           outputs: tuple[str, ...] = (), result: str | None = None) -> tuple[int, dict, StepLog]:
+    """-> (step, extra, step log) of this run: resumed from the state in ``directory`` (checked: module
+    docstring) or fresh (step 0, empty log). ``run_dir`` (default: directory) holds the run's ``outputs`` (names)
+    and its results file ``result`` (a name among them). ``restart``: set the run aside first (`set_aside`).
+    A run of another config there: OtherRun naming the differing keys, or (on_change="restart") set aside."""
+    if on_change not in ("error", "restart"):
+        raise ValueError(f"on_change must be 'error' or 'restart', got {on_change!r}")
     directory = Path(directory)
+    run_dir = Path(run_dir) if run_dir is not None else directory
     state_path, log = directory / STATE, StepLog(directory / log_name)
     if restart:
-        state_path.unlink(missing_ok=True)
-        log.path.unlink(missing_ok=True)
-    try:
-        resumed = load_state(directory, model=model, optimizer=optimizer, config=config)
-    except OtherRun as err:
-        print(f"not resuming: {err}; moving it to {STATE}.stale")
-        state_path.replace(directory / f"{STATE}.stale")
-        resumed = None
-    if resumed is None:
+        _announce(set_aside(run_dir, directory, outputs), "--restart")
+    state = read_state_file(state_path) if state_path.exists() else None
+    saved = _saved_config(state, run_dir / result if result else None)
+    if saved is not None and saved != config:
+        diff = config_diff(saved, config)
+        if on_change == "error":
+            raise OtherRun(f"{run_dir} holds a run of another config ({diff}); give this run another --out, or "
+                           f"pass --restart to start over there (the old run is kept under {run_dir / PREVIOUS}/)")
+        _announce(set_aside(run_dir, directory, outputs), f"its config changed ({diff})")
+        state = None
+    if state is None:
         log.path.unlink(missing_ok=True)
         return 0, {}, StepLog(log.path)
+    resumed = _apply(state, state_path, model, optimizer)
     _check_log(log, resumed["step"], state_path)
     log.truncate(resumed["step"])
     return resumed["step"], resumed["extra"], log
+
+
+def _announce(dest: Path | None, why: str) -> None:
+    if dest is not None:
+        print(f"starting over ({why}): the previous run is kept in {dest}", flush=True)
 
 
 def fingerprint(*paths: str | Path) -> str:

@@ -1,7 +1,8 @@
 # Stage: SFT-pretrain the RL base model (Qwen3-MoE-shaped, from scratch) on the task to partial accuracy
 # (minite_core.rl.pretrain; `minite pretrain`). Every RL run starts from this one checkpoint.
 # Resume state lives in {RESULTS}/pretrain/state/, outside the outputs: Snakemake's cleanup of a failed or
-# killed job leaves it, and the rerun continues from the last checkpoint.
+# killed job leaves it, and the rerun continues from the last checkpoint; a run of a changed config is kept under
+# {RESULTS}/pretrain/previous/<time>/ (--restart-if-changed).
 
 
 rule pretrain:
@@ -30,4 +31,4 @@ rule pretrain:
         config=section_json(config, "pretrain"),
     shell:
         "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
-        "--no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"
+        "--no-progress --restart-if-changed {params.run} --config-json {params.config:q} > {log} 2>&1"

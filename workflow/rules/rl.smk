@@ -6,7 +6,8 @@
 # (or the string "learner:sampler[:correction]"). Run name = `{learner}__{sampler}__{correction}`, + `__s<seed>`
 # for a seed other than the experiment's (seeds of one pair: the report's seed bands); outputs under
 # {RESULTS}/rl/{run}/: metrics.csv (one row per step), summary.json (stage "rl"), final/ (transformers checkpoint
-# for lm-eval). Resume state in {RESULTS}/rl/{run}/state/ (not an output: survives a killed job).
+# for lm-eval). Resume state in {RESULTS}/rl/{run}/state/ (not an output: survives a killed job); a run of a
+# changed config is kept under {RESULTS}/rl/{run}/previous/<time>/ (--restart-if-changed), never overwritten.
 # gpus_per_job > 1 (rl.gpus_per_job, else the top-level key): `torchrun --standalone --nproc-per-node N -m minite_core.cli rl ...` (rl/distributed.py: every
 # rank samples the step, the learner is FSDP2 + expert parallel, rank 0 writes), claiming the job's N GPUs.
 import re
@@ -48,7 +49,8 @@ rule rl:
     shell:
         "{params.launch} rl --pretrained {input.checkpoint} --data {params.data} --out {params.out} --name {wildcards.run} "
         "--learner {params.learner} --sampler {params.sampler} --correction {params.correction} "
-        "--threads {threads} --no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"
+        "--threads {threads} --no-progress --restart-if-changed {params.run} --config-json {params.config:q} "
+        "> {log} 2>&1"
 
 
 rule rl_figures:
