@@ -74,7 +74,7 @@ def test_claim_c_from_rl_runs(tmp_path):
 def _learner(root, x_bf16, x_te, applicable=True):
     path = root / "throughput" / "learner.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"env": {"gpu": "GPU-X"}, "targets": {"applicable": applicable}, "rows": [
+    path.write_text(json.dumps({"schema": "throughput/v1", "env": {"gpu": "GPU-X"}, "targets": {"applicable": applicable}, "rows": [
         {"profile": "minite", "speedup_vs_bf16": x_bf16, "speedup_vs_te_nvfp4": x_te}]}))
 
 
@@ -164,7 +164,7 @@ def test_te_section_from_agreement(tmp_path):
     write_result(tmp_path / "te" / "diag-4over6" / "mismatch.json", stage="diagnostics", experiment="t", config={},
                  metrics={"minite-4over6:minite-4over6": {"mismatch/k3": 6.5e-5, "mismatch/k3_se": 3e-5}})
     (tmp_path / "te" / "learner.json").write_text(json.dumps({  # bench learner's payload (no metrics key)
-        "config": {"layers": 2}, "env": {"commit": "c0ffee"},
+        "schema": "throughput/v1", "config": {"layers": 2}, "env": {"commit": "c0ffee"},
         "rows": [{"profile": "te:bf16", "tokens_per_s": 10.0, "speedup_vs_bf16": 0.2}],
         "skipped": [{"profile": "te:fp8-block", "reason": "no TE here"}]}))
     text = section_te(tmp_path)

@@ -1,5 +1,5 @@
 """The report's RL section from made-up summaries: pairs and their SEs, seed bands with one and two seeds, and the
-claim (c) paragraph in each of its outcomes ("tracks", "falls behind", BF16 not learning, missing pairs)."""
+claim (c) paragraph in each of its outcomes ("tracks", "falls behind", BF16 not learning, missing pairs, NaN)."""
 from __future__ import annotations
 
 import json
@@ -63,14 +63,27 @@ def test_claim_not_supported_when_aligned_falls_behind_or_naive_tracks():
     assert "te-nvfp4 ↔ vllm-nvfp4 (1 seed): 61.0%" in text and "a naive pair tracks BF16 as well" in text
 
 
-def test_claim_partly_and_cannot_judge():
+def test_claim_partly_and_not_run():
     # the aligned pair tracks, one naive pair clearly below, the other ends above (neither tracks nor behind)
     assert "**partly supported**" in _claim(minite=0.61, naive=0.40, marlin=0.75)
-    assert "cannot be judged" in _claim(naive=0.40)  # no aligned pair
+    text = _claim(naive=0.40)  # no aligned pair: its input is missing, so no verdict
+    assert "falls behind — is not run: it needs the runs of BF16 ↔ BF16, the aligned pair" in text
+    assert "supported" not in text
+
+
+def test_a_nan_accuracy_gives_no_verdict():
+    """A NaN held-out accuracy in one seed's summary is not averaged away, and the claim says NaN."""
+    runs = [_summary("bf16", "bf16", final=0.60), _summary("bf16", "bf16", seed=1, final=math.nan),
+            _summary("minite", "minite", final=0.45), _summary("te-nvfp4", "vllm-nvfp4", final=0.40)]
+    pairs = pair_results(runs)
+    assert math.isnan(pairs[0].acc_final) and "| bf16 ↔ bf16 | 2 | 512 | 40.0% | NaN% ± NaN |" in pair_table(pairs)
+    text = claim_c(pairs)
+    assert "falls behind — is NaN: the held-out accuracy of bf16 ↔ bf16 is NaN" in text and "supported" not in text
 
 
 def test_claim_needs_bf16_to_learn():
-    flat = [_summary("bf16", "bf16", final=0.41, gain=0.01, gain_se=0.02), _summary("minite", "minite", final=0.41)]
+    flat = [_summary("bf16", "bf16", final=0.41, gain=0.01, gain_se=0.02), _summary("minite", "minite", final=0.41),
+            _summary("te-nvfp4", "vllm-nvfp4", final=0.41)]
     text = claim_c(pair_results(flat))
     assert "BF16 itself did not learn measurably" in text and "supported" not in text
     assert "no BF16" in claim_c(pair_results([_summary("minite", "minite")]))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from minite_core.profiles import PROFILES
 from minite_core.report.claims import HEALTHY_K3, section_claims
-from minite_core.report.common import fmt as _fmt, load as _load, table as _table, vllm_peer_dir
+from minite_core.report.common import absent, fmt as _fmt, load as _load, table as _table, vllm_peer_dir
 from minite_core.report.external import external_rows, section_external
-from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table
+from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table, unfinished
 from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
 from minite_core.report.te import claim_agreement, section_te
 
@@ -48,6 +48,8 @@ def _env_groups(results: Path) -> dict[tuple, list[str]]:
     """(gpu, torch, commit) -> the stages (top-level folders) whose results files record that env, in file order."""
     groups: dict[tuple, list[str]] = {}
     for p in sorted(results.rglob("*.json")):
+        if "previous" in p.relative_to(results).parts:  # runs set aside by --restart (runs/state.py)
+            continue
         try:
             env = json.loads(p.read_text()).get("env")
         except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
@@ -100,14 +102,14 @@ def _te_line(results: Path) -> str:
 
 def section_throughput(results: Path) -> str:
     path = results / "throughput" / "learner.json"
-    return throughput_section(path if path.exists() else None)
+    return throughput_section(path if path.exists() else None, absent(results, "logs/throughput.log"))
 
 
 def section_kernel_check(results: Path) -> str:
-    res = _load(results / "kernels" / "check.json")
+    res = _load(results / "kernels" / "check.json", "kernels")
     head = "## W4A4 kernels: built and checked before use\n\n"
     if res is None:
-        return head + "_not run_\n"
+        return head + absent(results, "logs/kernels_check.log") + "\n"
     m, c = res["metrics"], res["config"]
     if c.get("skipped"):
         return head + f"_skipped on `{c['device']}`_: {c['skipped']}.\n"
@@ -121,11 +123,11 @@ def section_kernel_check(results: Path) -> str:
 
 def section_sampler_throughput(results: Path) -> str:
     path = results / "throughput" / "sampler.json"
-    return sampler_section(path if path.exists() else None)
+    return sampler_section(path if path.exists() else None, absent(results, "logs/throughput_sampler.log"))
 
 
 def section_kernels(results: Path) -> str:
-    res = _load(results / "bench" / "kernels.json")
+    res = _load(results / "bench" / "kernels.json", "bench-kernels")
     head = "## Kernel micro-benchmarks (NVFP4 quantize, W4A4 GEMM, decode GEMM)\n\n"
     if res is None:
         return head + ("_not run for this experiment_ (GPU only: the kernels stage runs them on CUDA; the H200 "
@@ -138,10 +140,10 @@ def section_kernels(results: Path) -> str:
 
 
 def section_quant_error(results: Path) -> str:
-    res = _load(results / "quant_error" / "sqnr.json")
+    res = _load(results / "quant_error" / "sqnr.json", "quant_error")
     head = "## Quantization error of the NVFP4 quantizer variants\n\n"
     if res is None:
-        return head + "_not run_\n"
+        return head + absent(results, "logs/quant_error.log") + "\n"
     cfg = res["config"]
     return (head + f"SQNR (dB, higher is better) of quantize→dequantize on {cfg['rows']}×{cfg['cols']} matrices "
             f"(seed {cfg['seed']}). `exact` and `fast` differ only in rare scale roundings and zero-scale blocks, "
@@ -151,10 +153,10 @@ def section_quant_error(results: Path) -> str:
 
 
 def section_pretrain(results: Path) -> str:
-    res = _load(results / "pretrain" / "pretrain.json")
+    res = _load(results / "pretrain" / "pretrain.json", "pretrain")
     head = "## Base model (SFT-pretrained in the DAG)\n\n"
     if res is None:
-        return head + "_not run_\n"
+        return head + absent(results, "logs/pretrain.log") + "\n"
     m = res["metrics"]
     items = [f"- {k}: {_fmt(v)}" for k, v in m.items() if not isinstance(v, (dict, list))]
     by_level = next((v for k, v in m.items() if isinstance(v, dict)), None)
@@ -194,10 +196,10 @@ def _budget_table(res: dict) -> str:
 
 
 def section_mismatch(results: Path) -> str:
-    res = _load(results / "diagnostics" / "mismatch.json")
+    res = _load(results / "diagnostics" / "mismatch.json", "diagnostics")
     head = "## Learner ↔ sampler mismatch by engine pair\n\n"
     if res is None:
-        return head + "_not run_\n"
+        return head + absent(results, "logs/diagnostics.log") + "\n"
     keys = ["k3", "k3_se", "k1", "kl_full_vocab", "max_abs_delta", "abs_dp_mean", "chi2", "ess", "ratio_outside_C",
             "pearson_p", "argmax_flip", "tokens"]
     rows = [[pair_label(pair)] + [m.get(f"mismatch/{k}") for k in keys] + _routing_cells(m)
@@ -224,10 +226,12 @@ def section_mismatch(results: Path) -> str:
 
 
 def section_trace(results: Path) -> str:
-    res = _load(results / "diagnostics" / "mismatch.json")
+    res = _load(results / "diagnostics" / "mismatch.json", "diagnostics")
     head = "## First divergence (where the engines stop agreeing)\n\n"
-    if res is None or not res.get("trace"):
-        return head + "_not run_\n"
+    if res is None:
+        return head + absent(results, "logs/diagnostics.log") + "\n"
+    if not res.get("trace"):
+        return head + "_not run_ (`diagnostics.trace` off)\n"
     rows = []
     for t in res["trace"]:
         first = t.get("first_nonzero") or {}
@@ -244,10 +248,12 @@ def section_trace(results: Path) -> str:
 
 
 def section_attribution(results: Path) -> str:
-    res = _load(results / "diagnostics" / "mismatch.json")
+    res = _load(results / "diagnostics" / "mismatch.json", "diagnostics")
     head = "## Attribution: which execution choice causes how much of the gap\n\n"
-    if res is None or not res.get("attribution"):
-        return head + "_not run_\n"
+    if res is None:
+        return head + absent(results, "logs/diagnostics.log") + "\n"
+    if not res.get("attribution"):
+        return head + "_not run_ (`diagnostics.attribution` off)\n"
     a = res["attribution"]
     cum = {r["knob"]: r["mismatch/k3"] for r in a.get("cumulative") or []}
     rows = [[r["label"], r["mismatch/k3"], r.get("delta_k3"), cum.get(r["knob"])] for r in a["rows"]]
@@ -261,9 +267,10 @@ def section_attribution(results: Path) -> str:
 
 def section_rl(results: Path) -> str:
     head = "## Long-horizon RL per engine pair (GRPO)\n\n"
-    summaries = load_summaries(results)
+    summaries, failed = load_summaries(results), unfinished(results)
+    failed_lines = "".join(f"- `{run}`: no summary.json, {why}\n" for run, why in failed.items())
     if not summaries:
-        return head + "_not run_\n"
+        return head + (failed_lines or "_not run_\n")
     keys = ["steps", "reward_first_quarter", "reward_last_quarter", "heldout_n", "heldout_acc_initial",
             "heldout_acc_final", "heldout_gain", "heldout_gain_se", "mismatch/k3_mean", "mismatch/k3_max",
             "mismatch/ratio_outside_C_mean", "timing/sample_tokens_per_s_median", "timing/learn_tokens_per_s_median"]
@@ -275,6 +282,7 @@ def section_rl(results: Path) -> str:
             "under the sampler profile on the same `heldout_n` held-out problems at every evaluation "
             "(`minite_core/rl/heldout.py`: why greedy); the gain is paired over those problems.\n\n"
             + _table(["run", "seed"] + [k.replace("timing/", "").replace("mismatch/", "") for k in keys], rows)
+            + (f"\nRuns without results:\n\n{failed_lines}" if failed_lines else "")
             + "\n" + _img(results, results / "rl" / "curves.png", "RL curves")
             + "\n### Final held-out accuracy per pair\n\n"
             "Mean over the pair's seeds; SE combines the binomial SE on the held-out problems with the spread over "
@@ -285,12 +293,15 @@ def section_rl(results: Path) -> str:
 def section_eval(results: Path) -> str:
     head = "## lm-eval on the RL checkpoints, per execution profile\n\n"
     files = sorted((results / "eval").glob("*.json"))
+    logs = sorted((results / "logs" / "eval").glob("*.log"))
+    failed = "".join(f"- `{log.stem}`: no results file, {absent(results, f'logs/eval/{log.name}')}\n"
+                     for log in logs if "." in log.stem and not (results / "eval" / f"{log.stem}.json").exists())
     if not files:
-        return head + "_not run_\n"
+        return head + (failed or "_not run_\n")
     return (head + "Held-out split of the task through lm-eval with the `minite` model (offline local tasks): "
             "generation exact match, multiple-choice log-likelihood, rolling perplexity. A checkpoint evaluated "
             "under another engine's profile shows what serving it with that engine's numerics costs.\n\n"
-            + eval_table([str(f) for f in files]))
+            + eval_table([str(f) for f in files]) + (f"\nWithout results:\n\n{failed}" if failed else ""))
 
 
 def section_peers(results: Path) -> str:

@@ -1,8 +1,9 @@
 """Claims against the paper, point by point: one row per claim (a)–(e), every number read from this experiment's
 results files (or the committed real-peer measurements), every verdict computed by a rule written here.
 
-Verdicts are "supported", "not supported", "partly" or "not run" (an input file, or the pair it needs, is missing);
-claim (c) adds "cannot be judged" (report/rl.py: BF16 did not learn, or a needed pair is missing). The rules:
+Verdicts are "supported", "not supported", "partly", "not run" (an input file, or the pair it needs, is missing) or
+"NaN" (a number the rule needs is NaN in its file): no verdict is ever read from a missing or NaN input. Claim (c)
+adds "cannot be judged" (report/rl.py: BF16 did not learn). The rules:
 - (a) same weights + same format ≠ same policy (diagnostics/mismatch.json): a cross-engine NVFP4 pair (learner
   profile ≠ sampler profile, both NVFP4) runs *a different policy* when k3 − 2·SE > max(k3(bf16:bf16),
   HEALTHY_K3). Supported when every such pair does, partly when some do, not supported when none does.
@@ -26,14 +27,14 @@ import math
 from pathlib import Path
 
 from minite_core.profiles import PROFILES
-from minite_core.report.common import fmt, load, table, vllm_peer_dir
+from minite_core.report.common import NOT_RUN, fmt, load, table, vllm_peer_dir
 from minite_core.report.rl import claim_c_verdict, load_summaries, pair_results
 from minite_core.report.tables import WHY_NOT_HOPPER
 from minite_core.report.te import HEAD as TE_HEAD, claim_agreement, te_nvfp4_agreement
 
 HEALTHY_K3 = 1e-3  # NeMo-RL treats gen_kl_error < 1e-3 as healthy (paper.md)
 REFERENCE_PAIR, ALIGNED_PAIR, ONPOLICY_PAIR = "bf16:bf16", "minite:minite", "minite-onpolicy:minite-onpolicy"
-NOT_RUN = "not run"
+NAN = "NaN"
 # the sections each claim points to (their headings in build.py / te.py; tests/test_report_claims.py checks them)
 MISMATCH = "Learner ↔ sampler mismatch by engine pair"
 RL = "Long-horizon RL per engine pair (GRPO)"
@@ -56,7 +57,14 @@ def _share(flags: list[bool]) -> str:
 
 
 def _k3(m: dict) -> tuple[float, float]:
-    return m["mismatch/k3"], m.get("mismatch/k3_se") or 0.0
+    se = m.get("mismatch/k3_se")
+    return m["mismatch/k3"], 0.0 if se is None else se
+
+
+def _not_finite(values: dict) -> str | None:
+    """The reason no verdict can be read when a number a rule needs is NaN (or absent) in its file, else None."""
+    bad = [name for name, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)]
+    return f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN or missing in the results file" if bad else None
 
 
 def _nvfp4(profile: str) -> bool:
@@ -70,6 +78,10 @@ def claim_a(mm: dict | None) -> tuple[str, str]:
              and all(_nvfp4(x) for x in p.split(":"))}
     if REFERENCE_PAIR not in metrics or not cross:
         return "needs the mismatch diagnostics with bf16:bf16 and a cross-engine NVFP4 pair", NOT_RUN
+    why = _not_finite({f"{key} of `{p}`": v for p in (REFERENCE_PAIR, *cross)
+                       for key, v in zip(("k3", "k3 SE"), _k3(metrics[p]))})
+    if why:
+        return why, NAN
     k3_ref = _k3(metrics[REFERENCE_PAIR])[0]
     floor = max(k3_ref, HEALTHY_K3)
     differs = [_k3(m)[0] - 2 * _k3(m)[1] > floor for m in cross.values()]
@@ -85,13 +97,22 @@ def claim_b(mm: dict | None) -> tuple[str, str]:
     if REFERENCE_PAIR not in metrics or ALIGNED_PAIR not in metrics:
         return "needs the mismatch diagnostics with bf16:bf16 and minite:minite", NOT_RUN
     (k3_m, se_m), (k3_b, se_b) = _k3(metrics[ALIGNED_PAIR]), _k3(metrics[REFERENCE_PAIR])
+    onpolicy = metrics.get(ONPOLICY_PAIR)
+    why = _not_finite({f"k3 of `{ALIGNED_PAIR}`": k3_m, f"k3 SE of `{ALIGNED_PAIR}`": se_m,
+                       f"k3 of `{REFERENCE_PAIR}`": k3_b, f"k3 SE of `{REFERENCE_PAIR}`": se_b,
+                       **({} if onpolicy is None else {f"k3 of `{ONPOLICY_PAIR}`": onpolicy["mismatch/k3"],
+                                                      f"max |Δ| of `{ONPOLICY_PAIR}`":
+                                                          onpolicy.get("mismatch/max_abs_delta")})})
+    if why:
+        return why, NAN
     at_level = k3_m <= k3_b + 2 * math.hypot(se_m, se_b)
     ratio = fmt(k3_m / k3_b) if k3_b > 0 else "– (bf16 k3 is 0)"
     text = (f"k3(minite) / k3(bf16) = {fmt(k3_m)} / {fmt(k3_b)} = {ratio} "
             f"({'at or below' if at_level else 'above'} the BF16 level, k3(bf16) + 2 SE); ")
     onpolicy = metrics.get(ONPOLICY_PAIR)
     if onpolicy is None:
-        return text + f"the on-policy pair (`{ONPOLICY_PAIR}`) was not run", "partly" if at_level else "not supported"
+        return text + f"the on-policy pair (`{ONPOLICY_PAIR}`) was not run", ("partly" if at_level else
+                                                                               "not supported")
     k3_o, delta_o = onpolicy["mismatch/k3"], onpolicy.get("mismatch/max_abs_delta")
     bitwise = k3_o == 0 and delta_o == 0
     text += (f"on-policy pair k3 {fmt(k3_o)}, max abs Δ {fmt(delta_o)} "
@@ -105,9 +126,13 @@ def claim_c(results: Path) -> tuple[str, str]:
     if not summaries:
         return "needs the RL runs", NOT_RUN
     pairs = pair_results(summaries)
+    word, reason = claim_c_verdict(pairs)
+    if word == NOT_RUN:
+        return f"needs the RL runs: {reason}", NOT_RUN
+    if word == NAN:
+        return reason, NAN
     finals = "; ".join(f"{p.label} {100 * p.acc_final:.1f}% ± {100 * p.se:.1f}" for p in pairs)
     collapsed = [p.label for p in pairs if p.gain < -2 * p.gain_se]
-    word, reason = claim_c_verdict(pairs)
     stability = (f"collapsed (final below initial by > 2 SE): {', '.join(collapsed)}" if collapsed
                  else "no pair collapsed (final below initial by > 2 SE)")
     return f"final held-out accuracy ± SE: {finals}; {stability}", f"{word}: {reason}"
@@ -125,12 +150,15 @@ def _sampler_ratios(res: dict) -> str:
 
 def claim_d(results: Path) -> tuple[str, str]:
     """(measured, verdict) of claim (d) from throughput/{learner,sampler}.json (module docstring)."""
-    learner = load(results / "throughput" / "learner.json")
+    learner = load(results / "throughput" / "learner.json", "throughput")
     row = next((r for r in (learner or {}).get("rows", []) if r["profile"] == "minite"), None)
     if row is None:
         return "needs the learner throughput benchmark", NOT_RUN
     x_bf16, x_te = row["speedup_vs_bf16"], row["speedup_vs_te_nvfp4"]
-    sampler = load(results / "throughput" / "sampler.json")
+    why = _not_finite({"miniTE's learner × BF16": x_bf16, "miniTE's learner × TE-NVFP4": x_te})
+    if why:
+        return why, NAN
+    sampler = load(results / "throughput" / "sampler.json", "throughput")
     text = (f"on {learner['env'].get('gpu')}: learner miniTE {x_bf16:.3f}× BF16, {x_te:.3f}× TE-NVFP4; "
             + (_sampler_ratios(sampler) if sampler else "sampler not run")
             + ". Why Hopper cannot show the B300 headline: " + " ".join(WHY_NOT_HOPPER.split()))
@@ -150,7 +178,7 @@ def _vllm_part(ratios: dict | None) -> tuple[str, bool | None]:
             bool(m["nvfp4_ok"]))
 
 
-def _te_part(agreement: dict | None) -> tuple[str, bool | None]:
+def _te_part(agreement: dict | None) -> tuple[str, bool | str | None]:
     te = te_nvfp4_agreement(agreement) if agreement else None
     if te is None:
         return "real TE: not run", None
@@ -158,14 +186,16 @@ def _te_part(agreement: dict | None) -> tuple[str, bool | None]:
             f"{agreement['config'].get('checkpoint')}): "
             f"k3(our te-nvfp4 emulation ↔ TE `{te['mode']}`) = {fmt(te['k3'])}, max abs Δ {fmt(te['max_abs_delta'])} "
             f"(TE's own NVFP4 ↔ BF16 k3: {fmt(te['te_quant_k3'])}; threshold {HEALTHY_K3:g})",
-            te["k3"] <= HEALTHY_K3)
+            NAN if not math.isfinite(te["k3"]) else te["k3"] <= HEALTHY_K3)
 
 
 def claim_e(results: Path) -> tuple[str, str]:
     """(measured, verdict) of claim (e) from the vLLM peer's ratios.json and te/agreement.json (module docstring)."""
-    parts = [_vllm_part(load(vllm_peer_dir(results) / "ratios.json")), _te_part(claim_agreement(results))]
+    parts = [_vllm_part(load(vllm_peer_dir(results) / "ratios.json", "vllm_peer")),
+             _te_part(claim_agreement(results))]
     passed = [ok for _, ok in parts if ok is not None]
-    return "; ".join(text for text, _ in parts), _share(passed) if passed else NOT_RUN
+    text = "; ".join(text for text, _ in parts)
+    return text, NAN if NAN in passed else _share(passed) if passed else NOT_RUN
 
 
 CLAIMS = [  # (claim, the paper's words, short; where)
@@ -182,7 +212,7 @@ CLAIMS = [  # (claim, the paper's words, short; where)
 
 
 def section_claims(results: Path) -> str:
-    mm = load(results / "diagnostics" / "mismatch.json")
+    mm = load(results / "diagnostics" / "mismatch.json", "diagnostics")
     measured = {"a": claim_a(mm), "b": claim_b(mm), "c": claim_c(results), "d": claim_d(results),
                 "e": claim_e(results)}
     rows = [[f"({key})", words, measured[key][0], f"**{measured[key][1]}**",
@@ -195,5 +225,5 @@ def section_claims(results: Path) -> str:
             "and *supported* needs the on-policy pair bitwise (k3 = max |Δ| = 0); (c) the RL section's 1 SE rule; "
             "(d) judged on a GPU run only: faster than BF16 and TE-NVFP4 = supported, than TE-NVFP4 only = partly; "
             f"(e) our vLLM profile within the peer's target, our TE emulation's end-to-end k3 ≤ {HEALTHY_K3:g}. "
-            "A missing input makes its row *not run*.\n\n"
+            "A missing input makes its row *not run*, a NaN one *NaN*: never a verdict.\n\n"
             + table(["claim", "the paper says", "what we measured", "verdict", "where"], rows))

@@ -16,6 +16,8 @@ naive TE-NVFP4 stacks fall behind. How the verdict is computed, never written by
   paragraph says so and stops there.
 - the claim is supported when the aligned pair (minite↔minite) tracks or beats BF16 and every naive pair without
   correction falls behind; contradicted when the aligned pair falls behind or a naive pair tracks; else partly.
+- no verdict from what was not measured: a pair the rule needs that has no summary.json makes it "not run"
+  (a run directory or log without one is listed as failed: `unfinished`), a NaN accuracy among them "NaN".
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from minite_core.report.common import NOT_RUN, absent
 from minite_core.results import read_result
 
 REFERENCE = ("bf16", "bf16", "none")
@@ -53,8 +56,16 @@ class PairResult:
 
 
 def _mean(xs: list[float]) -> float:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    """Mean over seeds of the values a file has (None: not recorded); a NaN stays NaN, never averaged away."""
+    xs = [x for x in xs if x is not None]
     return statistics.fmean(xs) if xs else math.nan
+
+
+def _seed_se(xs: list[float]) -> float:
+    """std over seeds / sqrt(seeds): 0 for one seed, NaN when a seed's value is NaN."""
+    if len(xs) < 2:
+        return 0.0
+    return statistics.stdev(xs) / math.sqrt(len(xs)) if all(map(math.isfinite, xs)) else math.nan
 
 
 def pair_results(summaries: list[dict]) -> list[PairResult]:
@@ -70,11 +81,11 @@ def pair_results(summaries: list[dict]) -> list[PairResult]:
         finals = [x["heldout_acc_final"] for x in m]
         acc = _mean(finals)
         se_problems = math.sqrt(acc * (1 - acc) / n) if n and math.isfinite(acc) else math.nan
-        se_seeds = statistics.stdev(finals) / math.sqrt(len(finals)) if len(finals) > 1 else 0.0
+        se_seeds = _seed_se(finals)
         gains = [x.get("heldout_gain", math.nan) for x in m]
         gain_ses = [x.get("heldout_gain_se", math.nan) for x in m]
         # the gain's SE the same way: the paired (problem) SE is common to the seeds, their spread is not
-        gain_se_seeds = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
+        gain_se_seeds = _seed_se(gains)
         gain_se = math.sqrt(_mean([g * g for g in gain_ses]) + gain_se_seeds ** 2)
         out.append(PairResult(key, tuple(r.get("run", "?") for r in runs),
                               tuple(r["config"].get("seed", 0) for r in runs), n,
@@ -95,13 +106,13 @@ def compare(p: PairResult, ref: PairResult) -> tuple[str, float, float]:
 
 
 def _pts(x: float) -> str:
-    """A difference in percentage points, signed ("–" when not measured)."""
-    return f"{100 * x:+.1f}" if math.isfinite(x) else "–"
+    """A difference in percentage points, signed ("NaN" when the files hold NaN or nothing)."""
+    return f"{100 * x:+.1f}" if math.isfinite(x) else "NaN"
 
 
 def _pct(x: float) -> str:
-    """An accuracy or an SE in percent / points ("–" when not measured)."""
-    return f"{100 * x:.1f}" if math.isfinite(x) else "–"
+    """An accuracy or an SE in percent / points ("NaN" when the files hold NaN or nothing)."""
+    return f"{100 * x:.1f}" if math.isfinite(x) else "NaN"
 
 
 def _unreadable(ref: PairResult | None) -> str | None:
@@ -119,18 +130,22 @@ def _unreadable(ref: PairResult | None) -> str | None:
 
 
 def claim_c_verdict(pairs: list[PairResult]) -> tuple[str, str]:
-    """(verdict, reason) of claim (c): verdict "supported", "not supported", "partly" or "cannot be judged"
-    (module docstring for the rule)."""
+    """(verdict, reason) of claim (c): verdict "supported", "not supported", "partly", "cannot be judged" (BF16 did
+    not learn), "not run" (a pair it needs has no summary) or "NaN" (module docstring for the rule)."""
     ref = next((p for p in pairs if p.key == REFERENCE), None)
+    needed = [p for p in pairs if p.key in (REFERENCE, ALIGNED) or (p.key[0] == NAIVE_LEARNER and p.key[2] == "none")]
+    if ref is None or not any(p.key == ALIGNED for p in needed) or len(needed) < 3:
+        return NOT_RUN, ("it needs the runs of BF16 ↔ BF16, the aligned pair (minite ↔ minite) and a naive pair "
+                         "(te-nvfp4 ↔ a vLLM profile, no correction)")
+    nan = [p.label for p in needed if not all(map(math.isfinite, (p.acc_final, p.se, p.acc_initial)))]
+    if nan:
+        return "NaN", f"the held-out accuracy of {', '.join(nan)} is NaN in its summary.json"
     why_not = _unreadable(ref)
     if why_not is not None:
         return "cannot be judged", why_not
     verdicts = {p.key: compare(p, ref)[0] for p in pairs if p.key != REFERENCE}
     aligned = verdicts.get(ALIGNED)
     naive = [v for k, v in verdicts.items() if k[0] == NAIVE_LEARNER and k[2] == "none"]
-    if aligned is None or not naive:
-        return "cannot be judged", ("it needs both the aligned pair (minite ↔ minite) and a naive pair "
-                                    "(te-nvfp4 ↔ a vLLM profile, no correction)")
     if aligned in ("tracks BF16", "ends above BF16") and all(v == "falls behind" for v in naive):
         return "supported", "the aligned pair tracks BF16 and every naive pair falls behind"
     if aligned == "falls behind":
@@ -148,8 +163,9 @@ def claim_c(pairs: list[PairResult]) -> str:
     seeds = lambda p: f"{len(p.seeds)} seed{'s' if len(p.seeds) > 1 else ''}"  # noqa: E731
     head = (f"BF16 ↔ BF16 ({seeds(ref)}, {ref.heldout_n} held-out problems) went from {_pct(ref.acc_initial)}% to "
             f"{_pct(ref.acc_final)}% held-out accuracy (paired gain {_pts(ref.gain)} ± {_pct(ref.gain_se)} points). ")
-    if _unreadable(ref) is not None:
-        return head + _unreadable(ref)
+    word, reason = claim_c_verdict(pairs)
+    if word == "cannot be judged":
+        return head + reason
     lines = []
     for p in pairs:
         if p.key == REFERENCE:
@@ -158,8 +174,7 @@ def claim_c(pairs: list[PairResult]) -> str:
         size = f"{abs(d) / se_d:.1f} SE" if se_d > 0 else "exactly"
         lines.append(f"{p.label} ({seeds(p)}): {_pct(p.acc_final)}% ± {_pct(p.se)}, {_pts(d)} points vs "
                      f"BF16 ({size}) — **{verdict}**")
-    word, reason = claim_c_verdict(pairs)
-    verdict = (f"{word}: {reason}" if word == "cannot be judged" else
+    verdict = (f"{word}: {reason}" if word in (NOT_RUN, "NaN") else
                f"**{'partly supported' if word == 'partly' else word}**: {reason}")
     return (head + "Against it (1 SE rule, module `report/rl.py`):\n\n" + "\n".join(f"- {x}" for x in lines)
             + f"\n\nClaim (c) — long-horizon NVFP4 RL with aligned execution tracks BF16 while naive TE-NVFP4 falls "
@@ -178,3 +193,12 @@ def pair_table(pairs: list[PairResult]) -> str:
 
 def load_summaries(results: Path) -> list[dict]:
     return [read_result(p, stage="rl") for p in sorted((results / "rl").glob("*/summary.json"))]
+
+
+def unfinished(results: Path) -> dict[str, str]:
+    """{run: why} for every RL run that has a run directory or a log but no summary.json (report.common.absent:
+    failed, with its log's last line; or not run)."""
+    names = {p.name for p in (results / "rl").glob("*") if p.is_dir()}
+    names |= {p.stem for p in (results / "logs" / "rl").glob("*.log") if p.stem != "figures"}
+    return {n: absent(results, f"logs/rl/{n}.log") for n in sorted(names)
+            if not (results / "rl" / n / "summary.json").exists()}

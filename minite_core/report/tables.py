@@ -6,7 +6,6 @@ conforming file gets the same table.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -41,7 +40,7 @@ def throughput_table(res: dict | str | Path) -> str:
     """Markdown for the report from a throughput/v1 JSON (dict or path): setup line, measured table, targets,
     and the paper's B300 numbers in their own table."""
     if not isinstance(res, dict):
-        res = json.loads(Path(res).read_text())
+        res = read_result(res, "throughput")
     c, m = res["config"], res["config"]["model_config"]
     lines = [
         f"Measured on **{res['env'].get('gpu')}** (torch {res['env'].get('torch')}, commit "
@@ -129,13 +128,13 @@ attention save the rest, which is why the decoder-layer ratio is shown beside th
 """
 
 
-def throughput_section(res: dict | str | Path | None) -> str:
-    """The report's section: heading, REPORT_NOTE, and throughput_table (or `_not run_`)."""
+def throughput_section(res: dict | str | Path | None, missing: str = "_not run_") -> str:
+    """The report's section: heading, REPORT_NOTE, and throughput_table (or `missing`: report.common.absent)."""
     head = "## Learner-update throughput: BF16 vs TE-NVFP4 vs miniTE\n\n"
     if res is None or (not isinstance(res, dict) and not Path(res).exists()):
-        return head + "_not run_\n"
+        return head + missing + "\n"
     if not isinstance(res, dict):
-        res = json.loads(Path(res).read_text())
+        res = read_result(res, "throughput")
     text = head + REPORT_NOTE + "\n" + throughput_table(res)
     if res.get("op_profile"):  # `minite bench learner --op-profile`
         text += ("\n### Kernels of one learner update (`--op-profile`)\n\n"
@@ -252,11 +251,11 @@ def sampler_table(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sampler_section(res: dict | str | Path | None) -> str:
-    """The report's section (reads only the JSON), `_not run_` without it."""
+def sampler_section(res: dict | str | Path | None, missing: str = "_not run_") -> str:
+    """The report's section (reads only the JSON), `missing` (report.common.absent) without it."""
     head = "## Sampler throughput: decode tokens/s per profile × shape × batch\n\n"
     if res is None or (not isinstance(res, dict) and not Path(res).exists()):
-        return head + "_not run_\n"
+        return head + missing + "\n"
     if not isinstance(res, dict):
         res = read_result(res, "throughput")
     return (head + "The fast sampler (static KV cache, sampling on the device, one CUDA graph per batch bucket; "
@@ -267,8 +266,10 @@ def sampler_section(res: dict | str | Path | None) -> str:
 
 # ---- lm-eval -----------------------------------------------------------------------------------------------------
 def _fmt_stderr(value: float | None, stderr: float | None) -> str:
-    if value is None or math.isnan(value):
+    if value is None:
         return "–"
+    if math.isnan(value):
+        return "NaN"
     return f"{value:.3f}" + (f" ± {stderr:.3f}" if stderr is not None and stderr > 0 else "")
 
 
@@ -279,7 +280,7 @@ def eval_table(results: list) -> str:
     for item in results:
         payload = item if isinstance(item, dict) else read_result(item, stage="eval")
         if payload.get("schema") != "eval/v1":
-            raise ValueError(f"not an eval result: schema {payload.get('schema')!r}")
+            raise ValueError(f"not an eval result: schema {payload.get('schema')!r} is not eval/v1")
         rows.append(payload)
     tasks = [t for t in HEADLINE if any(f"{t}/{HEADLINE[t]}" in r["metrics"] for r in rows)]
     header = ["run", "profile", *[f"{t} {HEADLINE[t]}" for t in tasks], "n"]
