@@ -17,6 +17,11 @@ every consumer sees one layout [M, K/16]); a global scale per tensor or per row 
 row; with 16×16 tiles each row applies its own S_enc to the tile amax); dynamic (this tensor's amax) or static
 (`amax` given, e.g. vLLM's calibrated input_global_scale — data above it saturates, never NaN); RNE or
 stochastic rounding. The Random Hadamard transform is a separate pre-pass (`formats.rht`).
+
+Non-finite input (the hot path passes check=False and skips the check that would raise): an Inf or NaN is never
+encoded as a finite value. A non-finite amax gives S_enc = S_dec = NaN (the tensor's, or the row's); a block whose
+amax (or S_enc) is not finite gets the E4M3 NaN scale (0x7F), so it decodes to NaN whatever its codes (which are
+then unspecified). S_dec = NaN is the flag nn/nonfinite.py reads once a step to stop it naming the layer.
 """
 from __future__ import annotations
 
@@ -134,10 +139,12 @@ def _div(num: float, den: torch.Tensor) -> torch.Tensor:
 
 
 def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
-    """S_enc = min(2688 / amax, FLT_MAX); amax == 0 or S_enc == 0 -> 1. fp32, same shape as amax."""
+    """S_enc = min(2688 / amax, FLT_MAX); amax == 0 or S_enc == 0 -> 1; a non-finite amax -> NaN. fp32, amax's
+    shape."""
     amax = amax.float()
     s_enc = torch.clamp(_div(GLOBAL_ENC_NUMERATOR, amax), max=FLT_MAX)
-    return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    s_enc = torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    return torch.where(torch.isfinite(amax), s_enc, torch.full_like(s_enc, float("nan")))
 
 
 def global_decode_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -204,11 +211,13 @@ def quantize(
     s_enc = global_encode_scale(_amax(x_fp32, scale_mode, amax, check))  # [] or (M, 1)
     s_dec = _div(1.0, s_enc)
     bamax = _block_amax(x_fp32, block)  # (M, K/16)
+    finite = torch.isfinite(bamax) & torch.isfinite(s_enc)  # else the block's scale is NaN (module docstring)
+    nan = torch.full_like(bamax, float("nan"))
     if math == "exact":
-        sf = to_e4m3(torch.clamp(bamax * (s_enc * _ONE_SIXTH), max=E4M3_MAX))
+        sf = to_e4m3(torch.where(finite, torch.clamp(bamax * (s_enc * _ONE_SIXTH), max=E4M3_MAX), nan))
         enc = torch.clamp(_div(1.0, sf.float() * s_dec), max=FLT_MAX)
     else:
-        sf = to_e4m3(torch.clamp(s_enc * (bamax * _ONE_SIXTH), max=E4M3_MAX))
+        sf = to_e4m3(torch.where(finite, torch.clamp(s_enc * (bamax * _ONE_SIXTH), max=E4M3_MAX), nan))
         sf_fp32 = sf.float()
         enc = torch.where(sf_fp32 == 0, torch.zeros_like(sf_fp32), _div(1.0, sf_fp32 * _div(1.0, s_enc)))
 

@@ -26,6 +26,10 @@ Bit-exactness with `formats.nvfp4.quantize` (tests compare codes and scales with
   trick (y + 2^23) - 2^23 (the scalings are powers of two, so FMA contraction cannot change it) — about half the
   instructions (the quantizer is instruction-bound: ncu on the H200, 64% SM throughput vs 49% DRAM, 80 registers);
   the RHT uses the reference's butterfly order;
+- non-finite input (the hot path skips the reference's check): every amax is a NaN-propagating max (`amax_nan`:
+  `tl.max` drops NaN on the GPU, `max.NaN.f32` costs the same), a non-finite amax makes S_dec NaN and a block
+  whose amax (or S_enc) is not finite gets the E4M3 NaN scale 0x7F (`block_scales`), as in the reference: an Inf
+  never becomes a finite value, and S_dec = NaN is the per-tensor flag nn/nonfinite.py reads once a step;
 - stochastic rounding draws `tl.randint4x(seed, (row << 32) + col // 4)` (output col % 4; one Philox call per 4
   elements: the SR variant measured 0.61 ms with one call per element), which `formats.philox.uniform_grid`
   reproduces bit for bit, so SR codes are equal too. With `seg_seed` the seed and the row (or, in "col-seg", the
@@ -97,10 +101,23 @@ def _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT: tl.constexpr,
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def amax_nan(x, axis):
+    """max |x| along axis, NaN when any element is NaN (tl.max would drop it on the GPU: max.f32)."""
+    return tl.reduce(tl.abs(x), axis, _max_nan)
+
+
+@triton.jit
 def _global_scales(amax):
-    """S_enc = min(2688 / amax, FLT_MAX) (one correctly rounded division); amax == 0 or S_enc == 0 -> 1."""
+    """S_enc = min(2688 / amax, FLT_MAX) (one correctly rounded division); amax == 0 or S_enc == 0 -> 1; a
+    non-finite amax -> NaN (the reference's rule, spelled out: tl.minimum drops a NaN on the GPU)."""
     s_enc = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax), FLT_MAX)
     s_enc = tl.where((amax == 0.0) | (s_enc == 0.0), 1.0, s_enc)
+    s_enc = tl.where(amax <= FLT_MAX, s_enc, float("nan"))
     s_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
     return s_enc, s_dec
 
@@ -165,12 +182,16 @@ def _sr_magnitude(a, u):
 @triton.jit
 def block_scales(bamax, se, sd, FAST: tl.constexpr):
     """Blocks with amax `bamax` under global scales se = S_enc, sd = S_dec (same shapes) -> (sf fp32, its E4M3
-    byte, enc = the block's encode factor): DESIGN.md's `exact` or `fast` (FAST) order of operations."""
+    byte, enc = the block's encode factor): DESIGN.md's `exact` or `fast` (FAST) order of operations. A block
+    whose amax or S_enc is not finite gets scale NaN (byte 0x7F): it decodes to NaN, whatever its codes."""
     if FAST:
         sf_hp = tl.minimum(se * (bamax * ONE_SIXTH_FP32), 448.0)
     else:
         sf_hp = tl.minimum(bamax * (se * ONE_SIXTH_FP32), 448.0)
     sf, sf_byte = _e4m3_rne(sf_hp)
+    finite = (bamax <= FLT_MAX) & (se <= FLT_MAX)  # False for inf and NaN
+    sf = tl.where(finite, sf, float("nan"))
+    sf_byte = tl.where(finite, sf_byte, 0x7F)
     denom = sf * sd
     enc_raw = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
     if FAST:
@@ -185,7 +206,7 @@ def quantize_dq_tile(x, s_enc, s_dec, FAST: tl.constexpr, BLOCK_M: tl.constexpr,
     """x (BM, BK) fp32 with its rows' global scales (BM,) -> e2m1(q)·sf as bf16 (1x16 blocks, RNE): the values
     `_quantize_kernel` emits with EMIT_DQ, computed in registers (the decode GEMM's fused activation quantizer)."""
     NB: tl.constexpr = BLOCK_K // 16
-    bamax = tl.max(tl.reshape(tl.abs(x), [BLOCK_M, NB, 16]), axis=2)  # (BM, NB)
+    bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
     se = tl.broadcast_to(s_enc[:, None], [BLOCK_M, NB])
     sd = tl.broadcast_to(s_dec[:, None], [BLOCK_M, NB])
     sf, _, enc = block_scales(bamax, se, sd, FAST)
@@ -213,7 +234,7 @@ def _quantize_kernel(
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+            amax = _max_nan(amax, amax_nan(x, 1))
     elif SCALE_SRC == 1:
         amax = tl.load(amax_ptr + rows, mask=rmask, other=1.0)
     else:
@@ -223,7 +244,7 @@ def _quantize_kernel(
         tl.store(sdec_ptr + rows, s_dec_row, mask=rmask)
     elif SCALE_SRC == 0:
         if pid == 0:
-            tl.store(sdec_ptr, tl.max(s_dec_row, axis=0))
+            tl.store(sdec_ptr, tl.reduce(s_dec_row, 0, _max_nan))
     if SR:
         if SEG_SEED and SCALE_SRC != 3:  # per-row stream (MoE expert) and expert-local row index
             seed_r = tl.load(seed_ptr + rows, mask=rmask, other=0)[:, None]
@@ -236,9 +257,9 @@ def _quantize_kernel(
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)  # (BM, BK) fp32
-        bamax = tl.max(tl.reshape(tl.abs(x), [BLOCK_M, NB, 16]), axis=2)  # (BM, NB)
+        bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
         if TWO_D:  # 16x16 tile amax, replicated on the tile's 16 rows (BLOCK_M == 16)
-            bamax = tl.broadcast_to(tl.max(bamax, axis=0)[None, :], [BLOCK_M, NB])
+            bamax = tl.broadcast_to(tl.reduce(bamax, 0, _max_nan)[None, :], [BLOCK_M, NB])
         bcols = k0 // 16 + tl.arange(0, NB)
         if SCALE_SRC == 3:  # one amax per 16-column block
             s_enc_b, s_dec_b = _global_scales(tl.load(amax_ptr + bcols, mask=bcols < K // 16, other=0.0))
@@ -287,7 +308,7 @@ def _row_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, RHT: tl.conste
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        amax = _max_nan(amax, amax_nan(x, 1))
     tl.store(amax_ptr + rows, amax, mask=rows < M)
 
 
@@ -307,7 +328,7 @@ def _block_amax_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_xk, RHT: tl.const
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
-    bamax = tl.max(tl.max(tl.reshape(tl.abs(x), [BLOCK_M, NB, 16]), axis=2), axis=0)  # (NB,)
+    bamax = tl.reduce(amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2), 0, _max_nan)  # (NB,)
     bcols = pid_k * NB + tl.arange(0, NB)
     tl.store(out_ptr + pid_m.to(tl.int64) * (K // 16) + bcols, bamax, mask=bcols < K // 16)
 

@@ -42,10 +42,12 @@ from minite_core.kernels.quantize import (
     _e2m1_mag,
     _e2m1_rne,
     _global_scales,
+    _max_nan,
     _sr_magnitude,
     _sr_origin,
     _to_uniform,
     _uniforms,
+    amax_nan,
     block_scales,
     decode_scale,
 )
@@ -158,7 +160,7 @@ def _amax16(xs):
     """max over the 16 tokens of |x| (G, BC)."""
     m = tl.abs(xs[0])
     for j in tl.static_range(1, 16):
-        m = tl.maximum(m, tl.abs(xs[j]))
+        m = _max_nan(m, tl.abs(xs[j]))  # NaN-propagating (quantize.py: non-finite input)
     return m
 
 
@@ -171,7 +173,7 @@ def _col_block_amax_kernel(x_ptr, out_ptr, T, C, stride_t, stride_c, RHT: tl.con
     g = pid_t * G + tl.arange(0, G)  # global 16-token block index
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     xs = _load16(x_ptr, g, c, T, C, stride_t, stride_c, RHT, RHT_BF16)
-    bamax = tl.max(_amax16(xs), axis=1)  # (G,)
+    bamax = tl.reduce(_amax16(xs), 1, _max_nan)  # (G,)
     tl.store(out_ptr + pid_c.to(tl.int64) * (T // 16) + g, bamax, mask=g < T // 16)
 
 
@@ -215,8 +217,8 @@ def _row_codes(x, t, c0, T, C, rdata_ptr, rscale_ptr, rdq_ptr, rsdec_ptr, ramax_
         if ROW_AMAX:
             tl.store(rsdec_ptr + t, s_dec, mask=tmask)
         else:
-            tl.store(rsdec_ptr, tl.max(s_dec, axis=0))
-    bamax = tl.max(tl.reshape(tl.abs(x), [G, NB, 16]), axis=2)  # (G, NB)
+            tl.store(rsdec_ptr, tl.reduce(s_dec, 0, _max_nan))
+    bamax = amax_nan(tl.reshape(x, [G, NB, 16]), 2)  # (G, NB)
     se = tl.broadcast_to(s_enc[:, None], [G, NB])
     sd = tl.broadcast_to(s_dec[:, None], [G, NB])
     sf, sf_byte, enc = block_scales(bamax, se, sd, FAST)

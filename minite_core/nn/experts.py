@@ -30,6 +30,7 @@ from torch import nn
 from minite_core.formats.nvfp4 import NVFP4Tensor
 from minite_core.kernels import dispatch
 from minite_core.kernels.operands import DqOperand, PackedExperts
+from minite_core.nn import nonfinite
 from minite_core.nn.linear import cache_context, linear, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
 from minite_core.nn.shard import current as current_shard
@@ -260,6 +261,7 @@ class _GroupedNVFP4(torch.autograd.Function):
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
             else:
                 _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
+                nonfinite.record(weight, x_op.global_scale, "activation")
             y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
                                       invariant=profile.batch_invariant)
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
@@ -285,11 +287,13 @@ class _GroupedNVFP4(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
+            nonfinite.record(weight, dy_op.global_scale, "gradient (dgrad operand)")
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
             dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
         if ctx.needs_input_grad[1]:
             _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
                                                 rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds), emit_dq=True)
+            nonfinite.record(weight, s_dyt, "gradient (wgrad operand)")
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
             dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)

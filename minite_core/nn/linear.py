@@ -40,6 +40,7 @@ from minite_core.formats.nvfp4 import NVFP4Tensor, global_encode_scale
 from minite_core.formats.rht import rht as rht_fn
 from minite_core.kernels import dispatch, vllm_cpu
 from minite_core.kernels.reference import gemm_te_reference
+from minite_core.nn import nonfinite
 from minite_core.nn.fp32_split import fp32_split_linear
 from minite_core.nn.shard import TokenShard, current as current_shard, global_amax
 from minite_core.profiles import PROFILES, Profile, Quant
@@ -278,6 +279,7 @@ class _NVFP4Linear(torch.autograd.Function):
             else:
                 x_op = shared.get(x, ("dq", profile.activation, id(amax)),
                                   lambda: _q(x.detach(), profile.activation, amax=amax, dq=True))
+                nonfinite.record(weight, x_op.global_scale, "activation")
                 y = gemm_nt(x_op, w_q, x.dtype, profile.batch_invariant)
         ctx.profile, ctx.seed, ctx.x_dtype, ctx.cache, ctx.key, ctx.fused = profile, seed, x.dtype, cache, key, fused
         ctx.shard = shard
@@ -311,6 +313,7 @@ class _NVFP4Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dy_q = _q(dy, profile.grad, seed=dgrad_seed(seed), dq=not te_ref, amax=_shard_amax(dy, shard, profile.grad),
                       sr_origin=None if shard is None else (shard.offset, 0))  # (M, N) along N
+            nonfinite.record(weight, dy_q.global_scale, "gradient (dgrad operand)")
             w_t_q = _weight_operand(weight, profile.weight, ctx.cache, (ctx.key, "t"), ctx.fused,
                                     packed=te_ref)  # (K, N) along N
             dx = (gemm_te_reference(dy_q, w_t_q, _te_amax(dy), _te_amax(weight),
@@ -323,6 +326,7 @@ class _NVFP4Linear(torch.autograd.Function):
             dy_t, dy_t_bf16 = dispatch.quantize_cols(
                 dy_p, profile.grad, seed=wgrad_seed(seed), emit_dq=True, amax=_shard_amax(dy_p.t(), shard, **rht),
                 **rht, **origin)  # dyᵀ (N, M')
+            nonfinite.record(weight, dy_t.global_scale, "gradient (wgrad operand)")
             dy_t_q = dispatch.DqOperand(dy_t_bf16, dy_t.global_scale)
             x_t = NVFP4Tensor(*x_t_parts[:3])
             if te_ref:

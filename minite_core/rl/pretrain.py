@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
+from minite_core.nn.nonfinite import Watch
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
 from minite_core.runs.cli import add_run_args, parse_run_args
 from minite_core.runs.lock import RunLock
@@ -182,12 +183,14 @@ def sft_step(run: _SFT, step: int) -> dict:
     lr = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
     for group in run.opt.param_groups:
         group["lr"] = lr
-    logits = run.model(ids)  # (B, L, V) fp32; right padding needs no mask under causal attention
-    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]  # (B, L-1)
-    loss = -(logp * mask).sum() / mask.sum()
-    run.opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip))
+    with Watch(run.model) as watch:  # non-finite activations / gradients, named by layer (nn/nonfinite.py)
+        logits = run.model(ids)  # (B, L, V) fp32; right padding needs no mask under causal attention
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]  # (B, L-1)
+        loss = -(logp * mask).sum() / mask.sum()
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip))  # (syncs)
+    watch.check(f"pretrain step {step}")  # one more sync, right behind the gradient norm's
     loss_f = loss.item()
     if not (math.isfinite(loss_f) and math.isfinite(grad_norm)):
         raise ValueError(f"pretrain step {step}: non-finite loss {loss_f} or gradient norm {grad_norm} (lr {lr:g}); "

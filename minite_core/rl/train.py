@@ -69,6 +69,7 @@ from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model import load_pretrained, save_pretrained, set_profile
 from minite_core.nn import track_optimizer
+from minite_core.nn.nonfinite import Watch
 from minite_core.profiles import get_profile
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
 from minite_core.runs.cli import add_run_args, parse_run_args
@@ -243,16 +244,20 @@ def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_
     model.train()
     actor: dict[str, list[float]] = {}
     grad_norms = []
+    watch = Watch(model)  # non-finite activations / gradients, named by layer (nn/nonfinite.py)
     for k, sl in enumerate(slices):
         learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
-        logp_new, _, _ = learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature,
-                                          top_p=cfg.top_p, grad=True, routes=routes(sl))
-        T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
-        loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
-                                correction=correction, logp_sampler=logp_sampler[sl, :T], cap=cfg.correction_cap)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        with watch:
+            logp_new, _, _ = learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature,
+                                              top_p=cfg.top_p, grad=True, routes=routes(sl))
+            T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
+            loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low,
+                                    cfg.clip_high, correction=correction, logp_sampler=logp_sampler[sl, :T],
+                                    cap=cfg.correction_cap)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))  # (syncs)
+        watch.check(f"rl step {step}, mini-batch {k}")  # one more sync, right behind the gradient norm's
         _step_and_log(step, k, opt, loss, grad_norm, met, grad_norms, actor)
     return grad_norms, actor
 
