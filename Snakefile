@@ -3,8 +3,15 @@
 from snakemake.utils import min_version, validate
 
 from minite_core import experiment
+from minite_core.runs import workflow as tie
 
 min_version("9.0")
+
+# A SIGKILLed snakemake leaves no orphan job (they watch this pid) and no stale lock or incomplete marker for the
+# next run to trip on (minite_core/runs/workflow.py); only the main process clears (not a cluster job's snakemake).
+tie.export_pid()
+if workflow.exec_mode.name == "DEFAULT":
+    tie.take_over(".snakemake")
 
 
 # The CPU smoke experiment, unless --configfile names another (loading it always would merge its keys into

@@ -24,7 +24,9 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     from minite_core.runs.cli import debug_enabled, dispatch
+    from minite_core.runs.workflow import stop_with_workflow
 
+    stop_with_workflow()  # a job of a Snakemake workflow stops with it (runs/workflow.py)
     debug, argv = debug_enabled(sys.argv[1:] if argv is None else list(argv))
     if debug:
         os.environ["MINITE_DEBUG"] = "1"

@@ -14,6 +14,14 @@ Also the rules' shared helpers: the RL runs of the config, a stage's config sect
 (`run_options`, with `--gpu-lease` on a machine of several GPUs), and how a learner job is launched
 (`launcher`: torchrun with more than one GPU a job, `stage_gpus`) and placed on Slurm (`slurm_gres`).
 
+Params stamps (`stamp`): every rule takes, as an input, `results/<exp>/params/<rule>.json` — the values of
+everything in the config that changes its outputs (its params and the input paths the config names), written
+when the DAG is parsed and only when they changed. A changed parameter or input path thus makes that file newer
+than the rule's outputs, and Snakemake reruns the rule and what it feeds by modification time alone: also where
+it has no provenance records (a fresh clone's committed results, a deleted .snakemake/), where its own params /
+input triggers cannot see a change. A dry run writes the stamps of the config it is given, too (a later run of
+the previous config then reruns those rules once).
+
 This module is imported by the Snakefile, so it imports nothing heavy (no model, no kernels).
 """
 from __future__ import annotations
@@ -70,9 +78,55 @@ def rl_runs(config: dict) -> dict[str, dict]:
     return runs
 
 
+def stamp(results: str, rule: str, *values) -> str:
+    """`results/params/<rule>.json` holding `values` (JSON-able), rewritten only when they differ: the rule's
+    params stamp (module docstring). Returns its path, the rule's input."""
+    path = Path(results) / "params" / f"{rule}.json"
+    values = [json.loads(v) if isinstance(v, str) and v[:1] in "{[" else v for v in values]  # section_json's
+    text = json.dumps({"rule": rule, "values": values}, indent=1, sort_keys=True) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def experiment_profiles(config: dict) -> list[str]:
+    """Every profile name the experiment config runs (sorted, unique)."""
+    names = set(config.get("throughput", {}).get("profiles", [])) | set(config.get("eval", {}).get("profiles", []))
+    for entry in config.get("rl", {}).get("runs", []):
+        names |= {entry["learner"], entry["sampler"]} if isinstance(entry, dict) else set(entry.split(":")[:2])
+    for pair in config.get("diagnostics", {}).get("pairs", []):
+        names |= set(pair.split(":"))
+    return sorted(n for n in names if n in PROFILES)
+
+
+KERNEL_SHAPE_KEYS = ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok")
+
+
+def kernel_check_config(config: dict) -> dict:
+    """What `minite kernels` reads of the experiment config (bench/kernel_check.py): the profiles it runs and the
+    model's GEMM shapes — so that another lr or RL run of the same profiles does not recheck every kernel and
+    rerun every stage behind the check."""
+    pretrain = config.get("pretrain", {})
+    return {"throughput": {"profiles": experiment_profiles(config)},
+            "pretrain": {k: pretrain[k] for k in KERNEL_SHAPE_KEYS if k in pretrain}}
+
+
+def report_extras(results: str) -> list[str]:
+    """Files the report reads besides the DAG's outputs, those present: the committed real-vLLM measurement and
+    this experiment's real-TE results (te/) — inputs of the report rule, so a new measurement rewrites it."""
+    root = Path(results)
+    files = [root.parent / "vllm-cpu" / "vllm_peer" / name for name in ("summary.md", "ratios.json")]
+    files += sorted((root / "te").rglob("*.json"))
+    return [str(f) for f in files if f.is_file()]
+
+
 def section_json(config: dict, section: str, drop=()) -> str:
-    """A stage's config section as the JSON its command takes with --config-json (DAG-only keys dropped)."""
-    return json.dumps({k: v for k, v in config.get(section, {}).items() if k not in drop})
+    """A stage's config section as the JSON its command takes with --config-json (DAG-only keys dropped; keys
+    sorted, so reordering the YAML changes no rule's params)."""
+    return json.dumps({k: v for k, v in config.get(section, {}).items() if k not in drop}, sort_keys=True)
 
 
 def stage_gpus(config: dict, stage: str) -> int:

@@ -25,21 +25,12 @@ import time
 
 import torch
 
-from minite_core.profiles import PROFILES, Quant, get_profile
+from minite_core.experiment import experiment_profiles
+from minite_core.profiles import Quant, get_profile
 from minite_core.results import write_result
 
 GEMM_TOL = 1e-5  # relative Frobenius error vs the fp32 reference (fp32 accumulation order, K <= 4096)
 TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.1, -0.0, 6.0, 7.0, 1e-30, -3.5, 0.5, 1.0, 2.0]
-
-
-def experiment_profiles(config: dict) -> list[str]:
-    """Every profile name the experiment config runs (sorted, unique)."""
-    names = set(config.get("throughput", {}).get("profiles", [])) | set(config.get("eval", {}).get("profiles", []))
-    for entry in config.get("rl", {}).get("runs", []):
-        names |= {entry["learner"], entry["sampler"]} if isinstance(entry, dict) else set(entry.split(":")[:2])
-    for pair in config.get("diagnostics", {}).get("pairs", []):
-        names |= set(pair.split(":"))
-    return sorted(n for n in names if n in PROFILES)
 
 
 def _input(m: int, k: int, seed: int, device) -> torch.Tensor:

@@ -2,6 +2,9 @@
 #   params: run=RUN (--experiment --seed --device --kernels), config=<the stage's config section as JSON>
 #   shell:  minite <command> <inputs/outputs> {params.run} --config-json {params.config:q} > {log} 2>&1
 # (minite_core/experiment.py builds both; minite_core/runs/cli.py reads them.)
+# Every rule also takes its params stamp as an input (`params=stamp(RESULTS, <rule>, <values>)`:
+# results/<exp>/params/<rule>.json, rewritten only when the values change), so a changed parameter or input path
+# reruns the rule and what it feeds by modification time, provenance records or not (experiment.py: `stamp`).
 from pathlib import Path
 
 from minite_core.experiment import (
@@ -9,12 +12,15 @@ from minite_core.experiment import (
     external_pairs,
     gpu_slots,
     input_path,
+    kernel_check_config,
     launcher,
     learner_gpu_slots,
+    report_extras,
     rl_runs,
     run_options,
     section_json,
     slurm_gres,
+    stamp,
 )
 
 ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda: optional)

@@ -3,6 +3,13 @@
 
 
 rule data:
+    input:
+        params=stamp(
+            RESULTS,
+            "data",
+            run_options(config, compute=False),
+            section_json(config, "data"),
+        ),
     output:
         train=f"{RESULTS}/data/train.jsonl",
         heldout=f"{RESULTS}/data/heldout.jsonl",

@@ -15,6 +15,7 @@ rule diagnostics:
         ),
         prompts=input_path(config, "diagnostics", "prompts", rules.data.output.heldout),
         calib=input_path(config, "diagnostics", "calib", rules.data.output.train),
+        params=stamp(RESULTS, "diagnostics", RUN, section_json(config, "diagnostics")),  # input paths included
     output:
         json=f"{RESULTS}/diagnostics/mismatch.json",
         figures=report(

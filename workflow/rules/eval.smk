@@ -17,6 +17,9 @@ rule eval_checkpoint:
         heldout=rules.data.output.heldout,
         calib=rules.data.output.train,
         tokenizer=rules.data.output.tokenizer,
+        params=stamp(
+            RESULTS, "eval", RUN, section_json(config, "eval", drop=("runs", "profiles"))
+        ),
     output:
         json=f"{RESULTS}/eval/{{run}}.{{profile}}.json",
         samples=f"{RESULTS}/eval/samples/{{run}}.{{profile}}.jsonl",

@@ -7,7 +7,12 @@ import json
 KERNEL_BENCH = [f"{RESULTS}/bench/kernels.json"] if config["device"] == "cuda" else []
 
 
+KERNELS_CONFIG = json.dumps(kernel_check_config(config), sort_keys=True)  # the profiles and GEMM shapes: what the check reads
+
+
 rule kernels_check:
+    input:
+        params=stamp(RESULTS, "kernels_check", RUN, KERNELS_CONFIG),
     output:
         json=f"{RESULTS}/kernels/check.json",
         bench=KERNEL_BENCH,
@@ -22,7 +27,7 @@ rule kernels_check:
         gpu=config["gpu_slots"],  # the micro-benchmarks take the whole GPU
     params:
         run=RUN,
-        config=json.dumps(config),
+        config=KERNELS_CONFIG,
         bench=lambda wildcards, output: f"--bench {output.bench[0]}" if output.bench else "",
     shell:
         "minite kernels --experiment-config {params.config:q} --out {output.json} {params.bench} {params.run} "
@@ -31,6 +36,8 @@ rule kernels_check:
 
 
 rule quant_error:
+    input:
+        params=stamp(RESULTS, "quant_error", RUN, section_json(config, "quant_error")),
     output:
         json=f"{RESULTS}/quant_error/sqnr.json",
     log:

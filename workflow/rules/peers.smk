@@ -9,6 +9,8 @@ VLLM_PYTHON = os.environ.get("MINITE_VLLM_PYTHON", config["peers"]["vllm_python"
 
 
 rule vllm_peer:
+    input:
+        params=stamp(RESULTS, "vllm_peer", VLLM_PYTHON),
     output:
         status=f"{RESULTS}/peers/vllm_peer.json",
     log:

@@ -11,6 +11,7 @@ rule pretrain:
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,
         tokenizer=rules.data.output.tokenizer,
+        params=stamp(RESULTS, "pretrain", RUN, section_json(config, "pretrain")),
     output:
         checkpoint=directory(f"{RESULTS}/pretrain/model"),
         json=f"{RESULTS}/pretrain/pretrain.json",

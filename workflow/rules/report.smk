@@ -14,6 +14,7 @@ rule report:
         eval=expand(
             rules.eval_checkpoint.output.json, run=EVAL_RUNS, profile=EVAL_PROFILES
         ),
+        peers=report_extras(RESULTS),  # committed peer measurements it also reads
     output:
         report=report(
             f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"

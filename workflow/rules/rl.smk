@@ -21,6 +21,14 @@ rule rl:
         checkpoint=rules.pretrain.output.checkpoint,
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,
+        # a run's learner, sampler, correction and seed are in its name (its output path): the rest is shared
+        params=stamp(
+            RESULTS,
+            "rl",
+            launcher(config, "rl"),
+            run_options(config),
+            section_json(config, "rl", drop=("runs",)),
+        ),
     output:
         metrics=f"{RESULTS}/rl/{{run}}/metrics.csv",
         summary=f"{RESULTS}/rl/{{run}}/summary.json",

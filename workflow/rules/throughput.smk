@@ -9,6 +9,13 @@
 rule throughput:
     input:
         kernels=rules.kernels_check.output.json,
+        params=stamp(
+            RESULTS,
+            "throughput",
+            launcher(config, "throughput"),
+            run_options(config, kernels=config["throughput"]["kernels"]),
+            section_json(config, "throughput"),
+        ),
     output:
         json=f"{RESULTS}/throughput/learner.json",
         csv=f"{RESULTS}/throughput/learner.csv",
@@ -36,6 +43,12 @@ rule throughput_sampler:
     # run (minite_core/bench/sampler.py). CPU smoke: config "tiny", seconds; H200: config "h200".
     input:
         kernels=rules.kernels_check.output.json,
+        params=stamp(
+            RESULTS,
+            "throughput_sampler",
+            run_options(config, kernels="auto"),
+            section_json(config, "sampler_bench"),
+        ),
     output:
         json=f"{RESULTS}/throughput/sampler.json",
     log:
