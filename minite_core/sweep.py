@@ -220,7 +220,8 @@ def _base_model(sweep: Sweep, sec: dict) -> tuple[Path, Path]:
     pre = sweep.out / "pretrain" / _hash(sec["data"], sec["pretrain"], _run_options(sweep.base))
     if not (pre / "pretrain.json").exists():
         _command(["pretrain", "--data", str(data), "--out", str(pre), "--state", str(pre / "state"), "--threads",
-                  "1", "--no-progress", "--restart-if-changed", *_run_options(sweep.base), "--config-json", json.dumps(sec["pretrain"])],
+                  "1", "--no-progress", "--restart-if-changed", *_run_options(sweep.base), "--config-json",
+                  json.dumps(sec["pretrain"])],
                  pre, sweep.out / "logs" / f"pretrain-{pre.name}.log")
     return data, pre / "model"
 
@@ -230,8 +231,8 @@ def _rl(sweep: Sweep, sec: dict, name: str, spec: dict, seed: int, data: Path, m
     if not (run / "summary.json").exists():
         _command(["rl", "--pretrained", str(model), "--data", str(data), "--out", str(run), "--name", name,
                   "--learner", spec["learner"], "--sampler", spec["sampler"], "--correction", spec["correction"],
-                  "--threads", "1", "--no-progress", "--restart-if-changed", *_run_options(sweep.base, seed), "--config-json",
-                  json.dumps(sec["rl"])], run, sweep.out / "logs" / f"rl-{run.name}.log")
+                  "--threads", "1", "--no-progress", "--restart-if-changed", *_run_options(sweep.base, seed),
+                  "--config-json", json.dumps(sec["rl"])], run, sweep.out / "logs" / f"rl-{run.name}.log")
     return run
 
 

@@ -74,7 +74,8 @@ def test_claim_c_from_rl_runs(tmp_path):
 def _learner(root, x_bf16, x_te, applicable=True):
     path = root / "throughput" / "learner.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": "throughput/v1", "env": {"gpu": "GPU-X"}, "targets": {"applicable": applicable}, "rows": [
+    path.write_text(json.dumps({"schema": "throughput/v1", "env": {"gpu": "GPU-X"},
+                                "targets": {"applicable": applicable}, "rows": [
         {"profile": "minite", "speedup_vs_bf16": x_bf16, "speedup_vs_te_nvfp4": x_te}]}))
 
 

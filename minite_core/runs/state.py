@@ -10,8 +10,8 @@ replays the same steps bit for bit on the same
 machine (tests/test_rl_loop.py checks it row by row).
 
 Files (all written atomically: temp file + ``os.replace``, so an interruption leaves the previous good state):
-- ``<dir>/state.pt``: ``{"step", "model", "amax", "optimizer", "config", "extra"}`` (torch.save; fp32 masters,
-  exact). ``amax`` = the calibrated static activation scales (``input_amax`` buffers): they were measured once on
+- ``<dir>/state.pt``: ``{"step", "model", "amax", "optimizer", "config", "extra"}`` (torch.save behind a sha256
+  header; fp32 masters, exact). ``amax`` = the calibrated static activation scales (``input_amax`` buffers): they were measured once on
   the initial weights, so a resumed run must restore them, not re-calibrate on moved weights.
 - the step log, a CSV with one row per step (``StepLog``); on resume the rows after the checkpoint's step are
   dropped, so steps replayed after a crash are not logged twice.
