@@ -33,7 +33,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from minite_core.profiles import PROFILES
+from minite_core.profiles import PROFILES, experiment_profiles
 from minite_core.rl.grpo import parse_correction, run_name
 from minite_core.task.arithmetic import LEVEL_INDEX, prompt_space_size
 
@@ -90,16 +90,6 @@ def stamp(results: str, rule: str, *values) -> str:
         tmp.write_text(text)
         tmp.replace(path)
     return str(path)
-
-
-def experiment_profiles(config: dict) -> list[str]:
-    """Every profile name the experiment config runs (sorted, unique)."""
-    names = set(config.get("throughput", {}).get("profiles", [])) | set(config.get("eval", {}).get("profiles", []))
-    for entry in config.get("rl", {}).get("runs", []):
-        names |= {entry["learner"], entry["sampler"]} if isinstance(entry, dict) else set(entry.split(":")[:2])
-    for pair in config.get("diagnostics", {}).get("pairs", []):
-        names |= set(pair.split(":"))
-    return sorted(n for n in names if n in PROFILES)
 
 
 KERNEL_SHAPE_KEYS = ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok")

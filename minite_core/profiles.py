@@ -315,6 +315,16 @@ for _base in ("vllm-nvfp4", "vllm-marlin-w4a16", "minite"):
     PROFILES[f"{_base}-packed"] = PROFILES[_base].replace(name=f"{_base}-packed", decode_gemm="packed")
 
 
+def experiment_profiles(config: dict) -> list[str]:
+    """Every profile name the experiment config runs (sorted, unique)."""
+    names = set(config.get("throughput", {}).get("profiles", [])) | set(config.get("eval", {}).get("profiles", []))
+    for entry in config.get("rl", {}).get("runs", []):
+        names |= {entry["learner"], entry["sampler"]} if isinstance(entry, dict) else set(entry.split(":")[:2])
+    for pair in config.get("diagnostics", {}).get("pairs", []):
+        names |= set(pair.split(":"))
+    return sorted(n for n in names if n in PROFILES)
+
+
 def get_profile(name: str | Profile) -> Profile:
     if isinstance(name, Profile):
         return name

@@ -25,8 +25,7 @@ import time
 
 import torch
 
-from minite_core.experiment import experiment_profiles
-from minite_core.profiles import Quant, get_profile
+from minite_core.profiles import Quant, experiment_profiles, get_profile
 from minite_core.results import write_result
 
 GEMM_TOL = 1e-5  # relative Frobenius error vs the fp32 reference (fp32 accumulation order, K <= 4096)

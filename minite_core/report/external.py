@@ -16,7 +16,7 @@ NOT_LOGGED = "not logged"
 
 
 def _external(results: Path) -> dict | None:
-    return load(results / "diagnostics" / "external.json")
+    return load(results / "diagnostics" / "external.json", "external")
 
 
 def label(pair: str, res: dict) -> str:
