@@ -114,6 +114,27 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     assert len(bad) == 1 and "formats imports minite_core.report" in bad[0]
 
 
+def kernel_reaches(path: Path) -> list[str]:
+    """Every kernels/ module `path` imports (`from minite_core.kernels import x` names x), at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.startswith("minite_core.kernels.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minite_core.kernels"):
+            if node.module == "minite_core.kernels":
+                out += [f"minite_core.kernels.{a.name}" for a in node.names]
+            else:
+                out.append(node.module)
+    return out
+
+
+def test_nn_reaches_kernels_only_through_dispatch():
+    """nn/ (the autograd layer) calls every kernel through kernels.dispatch, which picks reference or Triton."""
+    bad = [f"{p.relative_to(ROOT)}: {mod}" for p in sorted((PACKAGE / "nn").rglob("*.py"))
+           for mod in kernel_reaches(p) if mod != "minite_core.kernels.dispatch"]
+    assert not bad, "nn/ imports kernels other than dispatch:\n" + "\n".join(bad)
+
+
 _NO_TRITON = textwrap.dedent('''
     """Stand-in for a machine without triton (the README's main command installs no triton)."""
     raise ImportError("triton is not installed (blocked by tests/test_layers.py)")
@@ -163,6 +184,18 @@ def test_cpu_path_imports_without_triton(tmp_path):
     dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "all"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
+
+
+def test_run_options_import_no_triton():
+    """The run options (runs.cli, which every command parses before it acts) import neither triton nor the model
+    code: `minite kernels` turns the Triton interpreter on (TRITON_INTERPRET=1) after parsing them, and triton
+    reads the variable when it is first imported."""
+    code = "import sys, minite_core.runs.cli; print(sorted(m for m in ('triton', 'transformers') if m in sys.modules))"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]", res.stdout
 
 
 @pytest.mark.parametrize("unit", sorted(RANK))

@@ -3,8 +3,8 @@
 
 What is timed: a COMPLETE learner update — forward (logits), next-token cross-entropy (token mean; the RL
 objective's cost is the same log-softmax + gather), backward, AdamW step, zero_grad — as the paper's "tokens/s
-for complete learner updates". One model with fp32 master weights and one AdamW serve every profile; only
-`set_profile` changes between steps, so model, batch, sequence length, optimizer state and allocator are shared.
+for complete learner updates". One model with fp32 master weights and one AdamW serve every profile; only the
+profile on the model (`use_profile`, outside the timed step) changes between steps, so model, batch, sequence length, optimizer state and allocator are shared.
 
 How it differs from timing each profile in its own run: profiles are interleaved round-robin (the starting
 profile rotates each round), so clock/thermal drift and allocator growth hit every profile alike, and the
@@ -62,6 +62,7 @@ keeps them from dominating a few-layer model). On CPU a tiny MoE runs the same c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -77,7 +78,7 @@ import torch.nn.functional as F
 from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.timing import Stats, round_robin, timed_rounds
-from minite_core.model import PRESETS, CausalLM, set_profile
+from minite_core.model import PRESETS, CausalLM, use_profile
 from minite_core.nn import clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
@@ -415,11 +416,13 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
                 swap.activate(te_opt)
                 return lambda: te_train_step(copies[name], te_opt, input_ids, labels)
             swap.activate(opt)
-            set_profile(model, name)
             _set_step_seed(model, r, cfg.seed)
             return lambda: learner_step(model, opt, input_ids, labels)
 
-        round_robin(profiles, r, prepare, device, samples if timed else None, peaks)
+        def scope(name):  # the row's profile on the model, put on and taken off outside the timed step
+            return contextlib.nullcontext() if name in copies else use_profile(model, name)
+
+        round_robin(profiles, r, prepare, device, samples if timed else None, peaks, scope)
 
     samples = {name: [] for name in profiles}
     peaks: dict[str, int] = {}
@@ -440,8 +443,8 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
         if name in copies:
             saved[name] = saved_activation_bytes(copies[name], input_ids)
             continue
-        set_profile(model, name)
-        saved[name] = saved_activation_bytes(model, input_ids)
+        with use_profile(model, name):
+            saved[name] = saved_activation_bytes(model, input_ids)
         clear_weight_caches(model)  # no optimizer step follows: drop this profile's cached operands now
     if cuda:
         torch.cuda.synchronize(device)
@@ -476,8 +479,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
 
 def _op_profile(model, opt, input_ids, labels, name: str, log) -> dict:
     """One learner step of `name` under torch.profiler: its kernels (bench.op_profile; untimed)."""
-    set_profile(model, name)
-    with profiled(input_ids.device) as prof:
+    with use_profile(model, name), profiled(input_ids.device) as prof:
         learner_step(model, opt, input_ids, labels)
     table = kernel_table(prof)
     log(f"kernels, {name}: {summary(table, 12)}")

@@ -39,7 +39,7 @@ from minite_core.bench.timing import Stats, Timer, copy_bandwidth
 from minite_core.engines import FastSampler, Sampler
 from minite_core.engines.fast_sampler import GraphCaptureError
 from minite_core.engines.sampler import batch_bucket, cache_slots
-from minite_core.model import CausalLM, ModelConfig, set_profile
+from minite_core.model import CausalLM, ModelConfig, use_profile
 from minite_core.model.calibrate import calibrate
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
@@ -113,8 +113,9 @@ def build(shape: str, cfg: SamplerBenchConfig, device: torch.device) -> CausalLM
     model, gen = random_model(mcfg, dtype, device, cfg.seed)
     for name in cfg.profiles:
         if get_profile(name).needs_calibration:
-            set_profile(model, name)
-            calibrate(model, [torch.randint(0, mcfg.vocab_size, (8, cfg.prompt_len), generator=gen, device=device)])
+            with use_profile(model, name):
+                calibrate(model, [torch.randint(0, mcfg.vocab_size, (8, cfg.prompt_len), generator=gen,
+                                                device=device)])
             break
     return model
 

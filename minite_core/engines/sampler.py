@@ -3,8 +3,8 @@
 What: `Sampler(model, profile).generate(prompts, ...)` returns a `Rollout` with the sampled response tokens, the
 log-probability the sampler gave each of them, and the sampler's own argmax token at each step (for the
 argmax-flip diagnostic); optionally each step's full processed log-prob row. The model object is the learner's
-(weights as after a weight sync); the sampler puts its profile on it before running, so "same weights, different
-execution" is literally one module tree under two profiles.
+(weights as after a weight sync); the sampler runs it under its profile for the call (`use_profile`, restored
+afterwards), so "same weights, different execution" is literally one module tree under two profiles.
 
 This module is the REFERENCE: a plain loop, one host sync per row per step. `engines.fast_sampler` runs the same
 computation with static buffers, no per-token host sync and a CUDA graph per batch bucket; tests show the two
@@ -52,7 +52,7 @@ import torch
 
 from minite_core.engines.batching import pack_left
 from minite_core.kernels import dispatch
-from minite_core.model import KVCache, set_profile
+from minite_core.model import KVCache, use_profile
 from minite_core.model.routing import NOT_ROUTED, Routing, moe_layers, stack_calls, use_routing
 from minite_core.profiles import Profile, get_profile
 from minite_core.seeds import derive_seed
@@ -211,8 +211,13 @@ class Sampler:
         """Rows in chunks of `batch_size` (None = all at once); record_routes / keep_logprob_rows fill
         Rollout.routes / Rollout.logprob_rows."""
         check_generate_args(prompts, max_new_tokens, temperature, top_p)
-        set_profile(self.model, self.profile)
         self.model.eval()
+        with use_profile(self.model, self.profile):
+            return self._generate(prompts, max_new_tokens, temperature, top_p, stop_ids, seed, batch_size,
+                                  record_routes, keep_logprob_rows)
+
+    def _generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seed, batch_size, record_routes,
+                  keep_logprob_rows) -> Rollout:
         batch_size = batch_size or len(prompts)
         record_routes = record_routes and bool(moe_layers(self.model))  # a dense model has nothing to route
         out = Rollout([list(p) for p in prompts], [], [], [], [], routes=[] if record_routes else None,
@@ -281,8 +286,11 @@ class Sampler:
         -> (logp (N, T) fp32, mask (N, T), argmax (N, T)), the Learner.logprobs layout (masked: finite junk)."""
         if len(prompts) != len(responses) or any(len(p) == 0 for p in prompts):
             raise ValueError("score needs one non-empty prompt per response")
-        set_profile(self.model, self.profile)
         self.model.eval()
+        with use_profile(self.model, self.profile):
+            return self._score(prompts, responses, temperature, top_p, max_new_tokens)
+
+    def _score(self, prompts, responses, temperature, top_p, max_new_tokens):
         dev, n, T = self.device, len(prompts), max(map(len, responses), default=0)
         rows = batch_bucket(n)
         ids, real = batch_layout(prompts, rows, dev)  # (rows, P)

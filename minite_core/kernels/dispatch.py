@@ -2,9 +2,9 @@
 newer: fused Triton quantizers + exact bf16-tensor-core W4A4 GEMMs, dense and grouped), "native" (sm_100+:
 Triton quantizer + torch._scaled_mm on float4_e2m1fn_x2).
 
-Selection, first match wins: the `backend=` argument, the run's backend (`set_backend`, set once from a run's
-`--kernels` option / `kernels:` config key; env MINITE_KERNELS seeds it at import), then automatic (native on
-sm_100+, triton on other CUDA GPUs, reference on CPU). A backend that cannot run raises with the reason — never
+Selection, first match wins: the `backend=` argument, the run's backend (`set_backend`: a command's resolved
+execution sets it once, runs.execution), then automatic (native on sm_100+, triton on other CUDA GPUs, reference
+on CPU). A backend that cannot run raises with the reason — never
 a silent fallback (STYLE.md). "triton" also runs on CPU tensors under TRITON_INTERPRET=1 (tests, the smoke
 kernel check). Triton is imported only when a Triton backend is chosen: the CPU reference path imports none.
 
@@ -23,12 +23,11 @@ import torch
 
 from minite_core.formats import nvfp4 as ref
 from minite_core.formats import philox as ref_philox
-from minite_core.kernels.operands import DqOperand
+from minite_core.kernels.operands import DqOperand, PackedExperts  # noqa: F401  (the operand types nn/ passes)
 from minite_core.profiles import Quant
 
 BACKENDS = ("reference", "triton", "native")
-ENV_VAR = "MINITE_KERNELS"
-_RUN_BACKEND: str | None = os.environ.get(ENV_VAR) or None
+_RUN_BACKEND: str | None = None  # set_backend; None = automatic
 
 
 def _interpret() -> bool:
@@ -54,7 +53,7 @@ def backend_available(name: str) -> tuple[bool, str]:
 
 
 def set_backend(name: str | None) -> None:
-    """The run's kernel backend (run option `--kernels` / config key `kernels`; None or "auto" = automatic).
+    """The process's kernel backend (a command's execution sets it, runs.execution; None or "auto" = automatic).
     Checked now, so a bad choice fails before any work."""
     global _RUN_BACKEND
     name = None if name == "auto" else name
@@ -83,11 +82,11 @@ def current_backend() -> str:
 
 
 def select_backend(backend: str | None = None) -> str:
-    """Argument > run backend (set_backend / env MINITE_KERNELS) > auto (native on sm_100+, triton on CUDA,
-    reference on CPU)."""
+    """Argument > the process's backend (set_backend) > auto (native on sm_100+, triton on CUDA, reference on
+    CPU)."""
     name = backend or _RUN_BACKEND
     if name is None:
-        return _auto_backend()
+        return auto_backend()
     ok, reason = _checked(name, _interpret())
     if not ok:
         raise RuntimeError(f"kernel backend {name!r} is not usable here: {reason}")
@@ -95,9 +94,10 @@ def select_backend(backend: str | None = None) -> str:
 
 
 # Both answers are asked once per process: every kernel call selects a backend (~100 times a layer in a learner
-# step), and asking the CUDA driver each time cost ~15 us a call (cProfile on the H200, results/h200/extra/session10)
+# step), and asking the CUDA driver each time cost ~15 us a call (cProfile on the H200)
 @functools.cache
-def _auto_backend() -> str:
+def auto_backend() -> str:
+    """The automatic backend: native on sm_100+, triton on other CUDA GPUs, reference without a GPU."""
     if not torch.cuda.is_available():
         return "reference"
     return "native" if torch.cuda.get_device_capability()[0] >= 10 else "triton"
@@ -227,6 +227,39 @@ def moe_combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout, *, reference,
     return moe_rows.Combine.apply(y_pad, top_w, layout.dest, layout.src)
 
 
+def moe_layout(top_idx: torch.Tensor, num_experts: int, total_rows: int, *, backend: str | None = None):
+    """The padded sorted MoE layout's fields of top_idx (N, k) (`nn.moe_layout.MoELayout`) in one launch on the fast
+    path for routings that fit it (kernels/moe_layout.py, equal field by field to the reference); None otherwise
+    (the caller runs the torch reference)."""
+    if not fast_path(top_idx, backend):
+        return None
+    from minite_core.kernels import moe_layout as kernel
+
+    if not kernel.fits(top_idx.numel(), num_experts):
+        return None
+    return kernel.moe_layout_triton(top_idx, num_experts, total_rows)
+
+
+def row_amax(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """amax of |x| per row, fp32 [M]: one launch on the fast path (any 2D strided view), torch otherwise."""
+    if not fast_path(x, backend):
+        return x.detach().float().abs().amax(dim=1)
+    from minite_core.kernels.quantize import row_amax as row_amax_triton
+
+    return row_amax_triton(x)
+
+
+def col_block_amax(x: torch.Tensor, *, rht: bool = False, rht_dtype: str = "float32",
+                   backend: str | None = None) -> torch.Tensor:
+    """amax of |x| x [T, C] (after RHT along T, rounded to `rht_dtype`) per 16-token block over all channels:
+    fp32 [T/16]. Fast path only (the reference quantizes each expert's xᵀ whole, nn.experts)."""
+    if not fast_path(x, backend):
+        raise RuntimeError("col_block_amax is the fast path; the reference runs nn.experts' per-expert loop")
+    from minite_core.kernels.quantize_cols import col_block_amax as col_block_amax_triton
+
+    return col_block_amax_triton(x, rht=rht, rht_dtype=rht_dtype)
+
+
 def rows_cols_spec(quant: Quant | None) -> bool:
     """Whether `quantize_rows_cols` takes this spec: dynamic, 1x16 blocks, no 4over6."""
     return (quant is not None and not quant.static and tuple(quant.block) == (1, 16)
@@ -314,6 +347,24 @@ def gemm(a, b, out_dtype=torch.bfloat16, *, invariant: bool = False, backend: st
     # H200 (results/h200/bench); the Triton GEMM is used under the interpreter (no cuBLAS there).
     impl = _gemm.gemm_triton if _interpret() and not x.is_cuda else _gemm.gemm_cublas
     return impl(a, b, out_dtype)
+
+
+def gemm_te_reference(a: ref.NVFP4Tensor, b: ref.NVFP4Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor,
+                      e4m3_bounds: tuple[float, float], out_dtype=torch.float32) -> torch.Tensor:
+    """Transformer Engine's reference NVFP4 GEMM (profile knob w4a4_gemm="te-ref"), plain torch on every backend:
+    `kernels.reference.gemm_te_reference` (its docstring gives the arithmetic)."""
+    from minite_core.kernels.reference import gemm_te_reference as te_reference
+
+    return te_reference(a, b, amax_a, amax_b, e4m3_bounds, out_dtype)
+
+
+def gemm_vllm_cpu(x_q: ref.NVFP4Tensor, x_encode_scale: torch.Tensor, w_q: ref.NVFP4Tensor,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """vLLM's CPU emulation W4A4 GEMM (profile knob w4a4_gemm="vllm-cpu"), plain torch on every backend:
+    `kernels.vllm_cpu.gemm` (its docstring gives the arithmetic)."""
+    from minite_core.kernels import vllm_cpu
+
+    return vllm_cpu.gemm(x_q, x_encode_scale, w_q, dtype)
 
 
 def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch.bfloat16, *, schedule=None,
@@ -413,9 +464,9 @@ def gemm_w4a16(x: torch.Tensor, w, *, backend: str | None = None) -> torch.Tenso
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
-              backend: str | None = None) -> torch.Tensor:
-    """Batch-invariant attention (kernels/attention.py) -> (B, H, T, Dh) in q's dtype: the Triton kernel on the
-    fast path (autograd: recomputed fp32 reference), else the plain reference (SDPA's math) in fp64 rounded to
+              kernel: str | None = None, backend: str | None = None) -> torch.Tensor:
+    """Batch-invariant attention (kernels/attention.py) -> (B, H, T, Dh) in q's dtype: the Triton kernel `kernel`
+    (a profile's `attention_kernel`; None = the default) on the fast path (autograd: recomputed fp32 reference), else the plain reference (SDPA's math) in fp64 rounded to
     q's dtype (CPU SDPA and BLAS block by shape; fp64 leaves the order visible only at a rounding tie). q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B, 1, T, S) bool or None (causal, T == S)."""
     if not fast_path(q, backend):  # in fp64 (exact products; sums whose order only a rounding tie could show)
         from minite_core.kernels.reference import attention_reference
@@ -423,7 +474,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         return attention_reference(q.double(), k.double(), v.double(), mask).to(q.dtype)
     from minite_core.kernels.attention import InvariantAttention
 
-    return InvariantAttention.apply(q, k, v, mask)
+    return InvariantAttention.apply(q, k, v, mask, kernel)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, *, reference,

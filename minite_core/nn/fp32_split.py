@@ -30,7 +30,7 @@ import torch
 
 from minite_core.formats.bf16x3 import split3
 from minite_core.kernels import dispatch
-from minite_core.kernels.operands import DqOperand
+from minite_core.kernels.dispatch import DqOperand
 
 _PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))  # i + j <= 2 (0-based): every term above 2^-24
 

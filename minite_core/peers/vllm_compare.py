@@ -52,6 +52,7 @@ from minite_core.kernels import vllm_cpu
 from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained
 from minite_core.profiles import get_profile
 from minite_core.results import write_json, write_result
+from minite_core.runs.execution import Execution
 from minite_core.seeds import example_seed
 from minite_core.task.arithmetic import make_example
 from minite_core.task.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
@@ -233,6 +234,7 @@ def _traces(out: Path, section: str, capture_file: Path, model, profiles, result
 
 
 def run_main(a) -> int:
+    Execution.resolve().install()  # our side on CPU: the reference kernels unless $MINITE_KERNELS says, recorded
     out = Path(a.out)
     work = Path(a.work or out / "work")
     work.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
 from minite_core.engines.learner import Learner
 from minite_core.nn import track_optimizer
-from minite_core.nn.linear import clear_weight_caches
+from minite_core.nn.operands import clear_weight_caches
 from minite_core.nn.shard import TokenShard, token_shard
 from minite_core.rl.grpo import policy_loss, rollout_correction
 from minite_core.rl.train import OneProcess, _pad_cols, _step_and_log

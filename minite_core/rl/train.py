@@ -9,8 +9,9 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
    derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
    of its processed distribution (vLLM's ``logprobs``). With a learner profile that replays routing (R3,
    ``routing_replay``) it also records the experts every MoE layer executed for every token it fed.
-   The engine (``engines.make_sampler``): the fast CUDA-graph sampler on the GPU, the reference loop on CPU
-   (bitwise the same results there), $MINITE_SAMPLER overrides.
+   The engine (``engines.make_sampler``): the command's execution picks it (``--sampler-engine``,
+   $MINITE_SAMPLER; runs.execution), by default the fast CUDA-graph sampler on the GPU, the reference loop on CPU
+   (bitwise the same results there).
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
@@ -67,7 +68,7 @@ from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.diagnostics.layouts import prune_steps_after, write_nemo_rl_step
 from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_metrics
-from minite_core.model import load_pretrained, save_pretrained, set_profile
+from minite_core.model import load_pretrained, save_pretrained, use_profile
 from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
@@ -139,8 +140,8 @@ def calibrate_static(model, profiles, tok, train: list[dict], n: int, seed: int)
     module docstring), through the shared path (engines.calibration). None when no profile needs them."""
     for prof in profiles:
         if prof.needs_calibration:
-            set_profile(model, prof)
-            return calibrate_on_examples(model, tok, train, n=n, seed=seed)
+            with use_profile(model, prof):
+                return calibrate_on_examples(model, tok, train, n=n, seed=seed)
     return None
 
 
@@ -287,10 +288,11 @@ class _GRPO:
     run_cfg: dict
 
 
-def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device) -> _GRPO:
+def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device,
+           sampler_engine) -> _GRPO:
     correction = parse_correction(correction)
     L, S = get_profile(learner_profile), get_profile(sampler_profile)
-    if L.quantized and L.grad is None:
+    if not L.can_learn:
         raise ValueError(f"learner profile {L.name!r} has no backward (grad=None): it is a sampler profile")
     model = load_pretrained(pretrained, dtype=torch.float32, device=device)  # names a missing / damaged checkpoint
     tok = load_tokenizer(Path(pretrained))
@@ -298,7 +300,7 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
     calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
-    engine = resolve_engine(None, device)  # fast (CUDA graphs) on the GPU, the reference on CPU ($MINITE_SAMPLER)
+    engine = resolve_engine(sampler_engine, device)  # None: fast (CUDA graphs) on the GPU, the reference on CPU
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
                "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
@@ -342,9 +344,10 @@ class OneProcess:
 
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
           learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
-          experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
+          experiment: str = "adhoc", device: str = "cpu", sampler_engine: str | None = None, progress: bool = True,
           stop_after: int | None = None, restart: bool = False, name: str | None = None) -> dict:
-    """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
+    """Run (or resume) one GRPO run; returns summary metrics. ``sampler_engine``: the rollout engine (the
+    command's execution; None: automatic for ``device``); ``stop_after``: stop after that many steps of this
     call, leaving a checkpoint (tests use it as a kill); ``restart`` discards the resume state; ``name``: the
     run's name in summary.json (default ``run_name(learner, sampler, correction)``; the DAG passes its own, which
     carries the run seed)."""
@@ -354,7 +357,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     from minite_core.rl import distributed  # torchrun (WORLD_SIZE > 1) or a joined process group: R ranks
 
     dp = distributed.join()  # before the model is built: under torchrun it picks this rank's GPU
-    run = _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device)
+    run = _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device, sampler_engine)
     side = OneProcess(run) if dp is None else distributed.DataParallelSide(run, dp)
     run = side.run
     model, S = run.sampler.model, run.sampler.profile  # full weights: evaluation, checkpoint, final/
@@ -468,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
-                    progress=not args.no_progress, restart=args.restart, name=args.name)
+                    sampler_engine=args.execution.sampler_engine, progress=not args.no_progress,
+                    restart=args.restart, name=args.name)
     if torch.distributed.is_initialized():  # torchrun: every rank returns rank 0's summary
         torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")):
