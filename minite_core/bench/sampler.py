@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from minite_core.bench.decode_bytes import step_bytes
-from minite_core.bench.learner import random_model
+from minite_core.bench.learner_setup import random_model
 from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.plain_decode import time_plain
 from minite_core.bench.timing import Stats, Timer, copy_bandwidth

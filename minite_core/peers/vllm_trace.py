@@ -112,8 +112,7 @@ def _vllm_hooks(model, runner, store: dict, order: list):
 def capture_main(args) -> int:
     """One vLLM engine: generate, recording every op (see module doc) -> torch file {rollout, ops, order}."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from minite_core.peers.vllm_compare import _rollout_json
-    from minite_core.peers.vllm_sampler import VLLMSampler, available
+    from minite_core.peers.vllm_sampler import VLLMSampler, available, rollout_to_json
     from minite_core.task.tokenizer import EOS_ID
 
     prompts = json.loads(Path(args.prompts).read_text())
@@ -131,7 +130,7 @@ def capture_main(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    torch.save({"rollout": _rollout_json(r), "ops": ops, "order": order, "dtype": args.dtype,
+    torch.save({"rollout": rollout_to_json(r), "ops": ops, "order": order, "dtype": args.dtype,
                 "vllm": available()[1]}, tmp)
     tmp.replace(out)
     return 0

@@ -73,12 +73,13 @@ from minite_core.nn import track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
 from minite_core.runs.cli import add_run_args, parse_run_args
-from minite_core.runs.lock import RunLock
-from minite_core.runs.state import fingerprint, resume, save_state
+from minite_core.runs.state import fingerprint
 from minite_core.seeds import tagged
 from minite_core.task.data import load_split
-from minite_core.rl.grpo import group_advantages, parse_correction, policy_loss, run_name
+from minite_core.rl.grpo import group_advantages, parse_correction, run_name
 from minite_core.rl.heldout import evaluate, heldout_set, paired_gain
+from minite_core.rl import learner_side
+from minite_core.rl.learner_side import OneProcess, pad_cols
 from minite_core.rl.pretrain import max_response_tokens
 from minite_core.rl.tensorboard import RunBoard
 from minite_core.task.arithmetic import reward
@@ -145,11 +146,6 @@ def calibrate_static(model, profiles, tok, train: list[dict], n: int, seed: int)
     return None
 
 
-def _pad_cols(t: torch.Tensor, T: int) -> torch.Tensor:
-    """(n, T_chunk) -> (n, T), zero / False padded (a chunk's longest response may be shorter than the batch's)."""
-    return torch.nn.functional.pad(t, (0, T - t.shape[1])) if t.shape[1] < T else t
-
-
 FINITE_KEYS = ("mismatch/k1", "mismatch/k3", "reward/mean", "actor/entropy", "actor/pg_loss")
 
 
@@ -157,7 +153,7 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int,
             old_logprobs=None, update=None, dump_dir: Path | None = None) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns). old_logprobs / update:
-    items 4 and 5 (default `_old_logprobs`, `_update`: one process; rl.distributed passes its data-parallel ones).
+    items 4 and 5 (default: one process, rl.learner_side; rl.distributed passes its data-parallel ones).
     dump_dir: where this step's rollouts go on a `rollout_dump_every` step (None: not this process's job)."""
     B, G = cfg.prompts_per_step, cfg.group_size
     g = torch.Generator().manual_seed(tagged(seed, "batch", step))
@@ -182,9 +178,9 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     learner.set_step(step * cfg.mini_batches)  # SR seeds unused without grad; set for a complete record
     n = len(prompts) // cfg.mini_batches
     slices = [slice(k * n, (k + 1) * n) for k in range(cfg.mini_batches)]
-    parts = (old_logprobs or _old_logprobs)(learner, prompts, roll.response_ids, slices, cfg, routes)
+    parts = (old_logprobs or learner_side.old_logprobs)(learner, prompts, roll.response_ids, slices, cfg, routes)
     T = rp["mask"].shape[1]
-    logp_old, entropy, mask, argmax_l = (torch.cat([_pad_cols(p[i], T) for p in parts]) for i in range(4))
+    logp_old, entropy, mask, argmax_l = (torch.cat([pad_cols(p[i], T) for p in parts]) for i in range(4))
     if not torch.equal(mask, rp["mask"]):
         raise RuntimeError("learner and sampler disagree on the response mask")
     row = {"step": step}
@@ -198,8 +194,8 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
                            contents=[[q, decode_response(tok, r)] for q, r in
                                      zip((train[i]["prompt"] for i in pick for _ in range(G)), roll.response_ids)])
 
-    grad_norms, actor = (update or _update)(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
-                                mask, rp["logprobs"], correction, routes)
+    grad_norms, actor = (update or learner_side.update)(step, cfg, model, learner, opt, prompts, roll.response_ids,
+                                                        slices, logp_old, adv, mask, rp["logprobs"], correction, routes)
     t_learn = time.perf_counter() - t1
 
     n_tok = int(mask.sum())
@@ -224,50 +220,6 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
         raise ValueError(f"rl step {step}: non-finite {', '.join(f'{k}={row[k]}' for k in bad)} (the learner or "
                          "sampler log-probs hold inf/NaN)")
     return row
-
-
-def _old_logprobs(learner, prompts, response_ids, slices, cfg, routes) -> list[tuple]:
-    """Item 4: per row slice (logp, entropy, mask, argmax) of the learner under no grad."""
-    with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
-        # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
-        return [learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature, top_p=cfg.top_p,
-                                 with_entropy=True, with_argmax=True, routes=routes(sl))
-                for sl in slices]
-
-
-def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_old, adv, mask, logp_sampler,
-            correction, routes) -> tuple[list[float], dict[str, list[float]]]:
-    """The PPO update of one RL step, one optimizer step per mini-batch slice -> (grad norms, actor metrics).
-    routes(slice): the sampler's routes of those rows (replayed by an R3 learner) or None.
-    Stops before an optimizer step whose loss or gradient norm is not finite."""
-    model.train()
-    actor: dict[str, list[float]] = {}
-    grad_norms = []
-    for k, sl in enumerate(slices):
-        learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
-        logp_new, _, _ = learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature,
-                                          top_p=cfg.top_p, grad=True, routes=routes(sl))
-        T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
-        loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low, cfg.clip_high,
-                                correction=correction, logp_sampler=logp_sampler[sl, :T], cap=cfg.correction_cap)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-        _step_and_log(step, k, opt, loss, grad_norm, met, grad_norms, actor)
-    return grad_norms, actor
-
-
-def _step_and_log(step, k, opt, loss, grad_norm: float, met: dict, grad_norms: list, actor: dict) -> None:
-    """The end of mini-batch k's update: refuse a non-finite loss or gradient norm, else the optimizer step and
-    the metrics appended."""
-    loss_f = float(loss.detach())  # (synced by the metrics below anyway)
-    if not (math.isfinite(grad_norm) and math.isfinite(loss_f)):
-        raise ValueError(f"rl step {step}, mini-batch {k}: non-finite loss {loss_f} or gradient norm "
-                         f"{grad_norm}; lower rl.lr or check the learner profile")
-    opt.step()
-    grad_norms.append(grad_norm)
-    for key, v in met.items():
-        actor.setdefault(key, []).append(float(v))
 
 
 @dataclass
@@ -309,37 +261,6 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
                  encode(tok, train_set)[0], heldout_set(heldout, cfg.eval_n),
                  cfg.max_new_tokens or max_response_tokens(train_set + heldout), correction,
                  run_name(L.name, S.name, correction), run_cfg)
-
-
-class OneProcess:
-    """The learner side of a one-process run: the sampler runs the learner's module tree (weight sync is free),
-    the state is runs/state.py's. rl.distributed.DataParallelSide is the same interface under torchrun."""
-
-    main = True  # this process writes the outputs
-    old_logprobs = staticmethod(_old_logprobs)
-    update = staticmethod(_update)
-
-    def __init__(self, run: _GRPO):
-        self.run = run
-        self.state_opt = run.opt  # the optimizer whose state.pt layout the state keeps (one process: the real one)
-
-    def lock(self, state_dir: Path):
-        return RunLock(state_dir)  # one writer per run directory
-
-    def resume(self, state_dir: Path, restart: bool):
-        run = self.run
-        return resume(state_dir, model=run.sampler.model, optimizer=self.state_opt, config=run.run_cfg,
-                      log_name="metrics.csv", restart=restart)
-
-    def save(self, state_dir: Path, step: int, extra: dict) -> None:
-        save_state(state_dir, step=step, model=self.run.sampler.model, optimizer=self.state_opt,
-                   config=self.run.run_cfg, extra=extra)
-
-    def synced(self) -> None:
-        """After an update: the sampler's weights are the learner's (here: the same tensors)."""
-
-    def share(self, metrics: dict) -> dict:
-        return metrics
 
 
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,

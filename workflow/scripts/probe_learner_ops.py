@@ -12,7 +12,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from minite_core.bench import learner as L  # noqa: E402
+from minite_core.bench import learner_setup as L  # noqa: E402
 from minite_core.model import use_profile  # noqa: E402
 
 
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> None:
     for name in argv[0].split(","):
         with use_profile(model, name):
             for r in range(2):  # warm-up: Triton compiles, allocator growth
-                L._set_step_seed(model, r)
+                L.set_step_seed(model, r)
                 L.learner_step(model, opt, ids, labels)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:

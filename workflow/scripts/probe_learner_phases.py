@@ -15,7 +15,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from minite_core.bench import learner as L  # noqa: E402
+from minite_core.bench import learner_setup as L  # noqa: E402
 from minite_core.bench.op_profile import kernel_table, profiled  # noqa: E402
 from minite_core.model import use_profile  # noqa: E402
 
@@ -58,7 +58,7 @@ def run(layers: int, profiles: list[str], top: int = 45, kernels: bool = True) -
     for name in profiles:
         with use_profile(model, name):
             for r in range(2):  # warm-up: Triton compiles, allocator growth
-                L._set_step_seed(model, r)
+                L.set_step_seed(model, r)
                 L.learner_step(model, opt, ids, labels)
             res[name] = {"phases": phases(model, opt, ids, labels)}
             print(name, layers, json.dumps({k: round(v, 2) for k, v in res[name]["phases"].items()}), flush=True)
