@@ -143,9 +143,9 @@ class Profile:
     attention_kernel: str = "tile-bf16x3"
     # Not a numeric knob: in a learner's forward, RMSNorm and SwiGLU save only their inputs and run their
     # elementwise ops again in backward (nn.recompute; outputs and gradients bitwise the plain graph's). On for the
-    # NVFP4 learners, whose recipe keeps packed GEMM inputs and recomputes the cheap ops (issue 16, item 4); off for
-    # bf16, as BF16 users run it (H200, 6 layers: bf16's step 247.4 ms without it, 259.8 ms with it, ~5% — two
-    # runs on two machines, results/h200/extra/session7).
+    # NVFP4 learners, whose recipe keeps packed GEMM inputs and recomputes the cheap ops; off for bf16, as BF16
+    # users run it (H200, 6 layers: bf16's step 247.4 ms without it, 259.8 ms with it, ~5% — two runs on two
+    # machines, results/h200/bench/NOTES.md, row 15).
     recompute_elementwise: bool = False
 
     def __post_init__(self):
@@ -298,7 +298,7 @@ PROFILES: dict[str, Profile] = {
 # A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
 # decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
-# minite with bitwise learner/sampler log-probs on the GPU too (issue 19): minite-fp32attn plus batch-invariant
+# minite with bitwise learner/sampler log-probs on the GPU too: minite-fp32attn plus batch-invariant
 # forward kernels (Profile.batch_invariant). minite's activation scales are already per token (a row's global
 # scale is its own amax / (6 * 448), DESIGN.md), so no batch-mate enters a row's codes; the GEMM's global scales
 # are applied per row in the epilogue. Same weights, codes and arithmetic as minite up to fp32 summation order.

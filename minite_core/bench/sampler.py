@@ -20,7 +20,7 @@ decode GEMMs (`<profile>-packed`, profiles.py `decode_gemm`; rows carry `decode_
 `speedup_vs_cached` = tokens/s over the cached-bf16 row of the same profile, shape and batch, same run).
 
 Output: `throughput/v1` JSON, rows {profile, shape, batch, engine, tokens_per_s, speedup_vs_bf16, ...},
-`reference` rows, `targets` (issue 17's, checked on CUDA only); the report's table is report/tables.sampler_table.
+`reference` rows, `targets` (`TARGETS`, checked on CUDA only); the report's table is report/tables.sampler_table.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class SamplerBenchConfig:
     weight_bound_batches: tuple[int, ...] = (1, 16)  # weight-bound: batch <= 16
     profiles: tuple[str, ...] = ("bf16",) + NVFP4 + PACKED  # bf16 first: the ratio baseline
     prompt_len: int = 32
-    new_tokens: int = 128  # issue 17: 64-256
+    new_tokens: int = 128  # RL responses are 64-256 tokens (DESIGN.md)
     reps: int = 5  # timed decodes per row (median)
     reference_batch: int = TARGET_BATCH  # the "before" number: reference sampler, RL shape
     budget_s: float = 330.0  # rows left when it is spent are recorded as skipped (7 profiles: ~300 s on the H200)

@@ -32,8 +32,8 @@ How it runs (the way vLLM / SGLang serve a batch, reduced to its numerics):
   the row's seed derive_seed(seed, prompt index) at counter (vocab index, step). Noise is a pure function of
   (seed, prompt index, step, token), computed for the whole batch at once on the device: a row's tokens do not
   depend on which other prompts share its batch, *as long as its logits do not* (per-tensor activation scales and
-  pads make the logits themselves batch-dependent — a numerics effect, kept on purpose). (Until this change the
-  noise came from one torch.Generator per row: same distribution, different bits, CPU != CUDA.)
+  pads make the logits themselves batch-dependent — a numerics effect, kept on purpose). A torch.Generator per row
+  would give the same distribution but other bits on CPU and CUDA.
 - A row stops at the first stop token (kept in the response) or after `max_new_tokens` (finished = False).
 
 - Only when asked (memory): `record_routes` keeps the expert ids every MoE layer executed for every token the

@@ -16,16 +16,16 @@ depends only on that row's keys:
 Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
 Softmax scale 1/sqrt(Dh), as SDPA's default.
 
-Tiled variants (`kernel="tile"`, or "tile-bf16x3", the default; the profile knob `attention_kernel` picks one). The per-query kernel
-reloads every key for every query: on the H200 it ran 47x slower than "tile-bf16x3" (results/notes/
-h200-tiled-attention-1f4f47b.log) and held the on-policy learner update at 0.25x minite's tokens/s. Here
-one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
+Tiled variants (`kernel="tile"`, or "tile-bf16x3", the default; the profile knob `attention_kernel` picks one).
+The per-query kernel reloads every key for every query: on the H200 it ran 47x slower than "tile-bf16x3"
+(results/notes/h200-tiled-attention-1f4f47b.log) and held the on-policy learner update at 0.25x minite's tokens/s.
+Here one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
 - one compiled binary for every call: the same constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps), T, S, H and
   `has_mask` unspecialized (`do_not_specialize`: T = 1 would otherwise compile its own binary), the mask read at run
   time and an int8 dummy mask pointer without one. So a decode call (one live row, the rest masked) and the learner's
   unmasked call run the code of a masked learner call (q, k, v copied when a view is not 16-byte aligned: Triton
-  specializes pointers on it). (At 1f4f47b the mask was a constexpr: the H200 gave a row other fp32 bits in the
-  unmasked build than in the masked one, though the PTX looked alike.) Every reduction is per row: scores
+  specializes pointers on it). With the mask a constexpr, the H200 gave a row other fp32 bits in the unmasked
+  build than in the masked one, though the PTX looked alike (the log above). Every reduction is per row: scores
   tl.dot(q_tile, kᵀ) (bf16 in, fp32 accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no
   rows; gemm.py's invariant GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with
   input_precision="ieee" (FMA, no TF32), per element a fixed k-order chain (read in the sm90 PTX: q·kᵀ is a wgmma, p·v

@@ -71,7 +71,7 @@ from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer, 
 
 STAGE = "te"
 NVFP4_MODES = ("nvfp4", "nvfp4-rowscaled", "nvfp4-4over6")
-GEMM_SHAPES = ((256, 512, 384), (1024, 2048, 768))  # issue 23's case; a Qwen3-30B-A3B expert (hidden x width)
+GEMM_SHAPES = ((256, 512, 384), (1024, 2048, 768))  # a small case; a Qwen3-30B-A3B expert (hidden x width)
 # the RL model of experiments/h200.yaml (its `pretrain:` shape, as rl.pretrain builds it), used when no
 # checkpoint is given; vocabulary: the task tokenizer's, rounded up to 16 (rl.pretrain's VOCAB_SIZE rule)
 H200_RL_MODEL = ModelConfig(vocab_size=-(-len(build_tokenizer()) // 16) * 16, hidden_size=256, intermediate_size=512,

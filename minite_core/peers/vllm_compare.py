@@ -3,9 +3,10 @@
 What: `python -m minite_core.peers.vllm_compare run --out results/vllm-cpu` (in the vLLM peer venv) builds small
 random checkpoints, samples rollouts from them with real vLLM (`peers.vllm_trace capture`: vLLM's generation with
 every op recorded), scores the same tokens with our engines under several profiles, and writes one results-contract
-JSON per (engine, profile, sampler) pair (stage `vllm_peer`), the first-divergence traces, the ratios the issue
-asks for (`ratios.json`) and `summary.md`. Our two engines score vLLM's tokens: the learner (one full-sequence
-forward) and our sampler (`Sampler.score`: teacher-forced, generate's own prefill + cached-decode schedule).
+JSON per (engine, profile, sampler) pair (stage `vllm_peer`), the first-divergence traces, the NVFP4 and MoE
+k3 over the dense bf16 floor against their targets (`ratios.json`) and `summary.md`. Our two engines score vLLM's
+tokens: the learner (one full-sequence forward) and our sampler (`Sampler.score`: teacher-forced, generate's own
+prefill + cached-decode schedule).
 
   bf16-dense / bf16-moe   our bf16 (the floor) and vllm-bf16-cpu (vLLM's CPU kernels around bf16 GEMMs) vs vLLM
                           bf16; fp32 vs vLLM fp32 is the plumbing anchor (MoE).
@@ -359,7 +360,7 @@ def _write_summary(path: Path, results, kcheck: dict, ratios: dict, traces: dict
              f"Command: `{common['command']}`", "",
              "Per response token: Δ = logπ_ours − logπ_vLLM on vLLM's tokens (DESIGN.md metrics). Engine `learner` = "
              "our full-sequence forward; `sampler` = our sampler's prefill + cached decode, teacher-forced.", "",
-             "## Ratios (issue 18)", "",
+             "## Ratios", "",
              f"- dense floor k3(our bf16 learner ↔ vLLM bf16) = {ratios['dense_floor_k3']:.3g}",
              f"- k3(our vllm-nvfp4-cpu sampler ↔ vLLM NVFP4) = {ratios['nvfp4_sampler_k3']:.3g} → "
              f"{ratios['nvfp4_over_floor']:.3g}× the floor (target ≤ 3×: {'met' if ratios['nvfp4_ok'] else 'NOT met'});"

@@ -108,7 +108,7 @@ class RLConfig:
     max_new_tokens: int = 0  # 0 = longest reference response + <eos> + 16 (pretrain.max_response_tokens)
     eval_every: int = 8  # held-out greedy accuracy under the sampler profile (also at step 0 and the last step)
     # held-out problems per evaluation (rl/heldout.py: round-robin over levels, the same set every time); 512 gives
-    # a binomial SE <= 2.2 points, what issue 20 asks of a claim; 0 = the whole held-out split
+    # a binomial SE <= 2.2 points, what a held-out claim needs; 0 = the whole held-out split
     eval_n: int = 512
     eval_batch_size: int = 512  # sampler rows per evaluation batch (one batch for the default eval_n)
     checkpoint_every: int = 8

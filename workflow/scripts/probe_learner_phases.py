@@ -1,4 +1,4 @@
-"""Where a learner step's time and memory go, per profile (H200 probe; results/h200/extra/session7/logs).
+"""Where a learner step's time and memory go, per profile (H200 probe).
 
 usage: PYTHONPATH=. python3 workflow/scripts/probe_learner_phases.py PROFILES_4_LAYERS [PROFILES_6_LAYERS]
 (comma lists). Builds `bench learner --config h200` at 4 layers (then 6), runs two warm-up steps per profile, then
