@@ -51,14 +51,20 @@ def gpu_info() -> dict:
 
 
 def backend_report() -> tuple[str, dict[str, str]]:
-    """(the backend `auto` picks, {backend: "ok" or why not})."""
+    """(the backend a command picks with `--kernels auto`: $MINITE_KERNELS when set, else automatic; {backend:
+    "ok" or why not})."""
     from minite_core.kernels import dispatch
+    from minite_core.runs.execution import Execution
 
     reasons = {}
     for name in dispatch.BACKENDS:
         ok, why = dispatch.backend_available(name)
         reasons[name] = "ok" if ok else why
-    return dispatch.current_backend(), reasons
+    try:
+        picked = Execution.resolve().kernels
+    except ValueError as e:  # a bad $MINITE_KERNELS: every command would refuse to start
+        picked = f"none ({e})"
+    return picked, reasons
 
 
 def profile_execution(profile, backend: str, capability: str | None) -> str:

@@ -154,13 +154,13 @@ def input_path(config: dict, section: str, key: str, default):
     return config[section][key] or default
 
 
-def run_options(config: dict, *, kernels: str | None = None, compute: bool = True, seed: int | None = None) -> str:
-    """The run options of a stage command (runs.cli.add_common_args), from the top-level keys; `kernels`
-    overrides config `kernels`, `seed` config `seed` (an RL run's own seed); compute=False: only --experiment /
+def run_options(config: dict, *, compute: bool = True, seed: int | None = None) -> str:
+    """The run options of a stage command (runs.cli.add_common_args), from the top-level keys (the execution's:
+    runs.execution); `seed` overrides config `seed` (an RL run's own seed); compute=False: only --experiment /
     --seed (`minite data` runs no model)."""
     opts = f"--experiment {config['experiment']} --seed {config['seed'] if seed is None else seed}"
     if compute:
-        opts += f" --device {config['device']} --kernels {kernels or config['kernels']}"
+        opts += f" --device {config['device']} --kernels {config['kernels']}"
         opts += f" --sampler-engine {config.get('sampler_engine', 'auto')}"
         gpus = config.get("gpus", 1)
         if gpus > 1 and config["device"] == "cuda":  # one of the machine's GPUs a job (runs/gpu_lease.py)
@@ -173,7 +173,7 @@ def _profile(errors, path, name, *, learner=False):
     p = PROFILES.get(name)
     if p is None:
         errors.append(f"config: {path}: unknown profile {name!r}; registered: {', '.join(sorted(PROFILES))}")
-    elif learner and p.quantized and p.grad is None:
+    elif learner and not p.can_learn:
         errors.append(f"config: {path}: profile {name!r} has no backward (grad=None): it cannot be a learner")
 
 

@@ -11,6 +11,7 @@ norms and embeddings stay in `dtype` (bf16) under every profile.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 BLOCKS = ((1, 16), (16, 16))
@@ -22,6 +23,9 @@ DTYPES = ("float32", "bfloat16")
 W4A4_GEMMS = ("reference", "vllm-cpu", "te-ref")
 KERNEL_ROUNDINGS = ("rne", "rtz")
 DECODE_GEMMS = ("cached-bf16", "packed")
+# the batch-invariant attention kernels (kernels/attention.py): per query | tiled, fp32 FMA p·v | tiled, three bf16
+# tensor-core p·v. Each is invariant on its own; they differ from each other in their sums' order.
+ATTENTION_KERNELS = ("row", "tile", "tile-bf16x3")
 # Profile fields that change no number (what is kept for backward, not how it is computed): the attribution's
 # knobs and the diagnostics' "same numerics" keys leave them out.
 NON_NUMERIC = ("recompute_elementwise",)
@@ -41,7 +45,8 @@ class Quant:
     four_over_six: str = "off"
 
     def __post_init__(self):
-        _check("block", tuple(self.block), BLOCKS)
+        object.__setattr__(self, "block", tuple(self.block))  # from JSON a list: a tuple keeps profiles hashable
+        _check("block", self.block, BLOCKS)
         _check("scale_mode", self.scale_mode, SCALE_MODES)
         _check("math", self.math, MATHS)
         _check("rounding", self.rounding, ROUNDINGS)
@@ -131,14 +136,20 @@ class Profile:
     # (plain torch, CPU) those GEMMs and attention sum in fp64 and round once (CPU BLAS / SDPA block by shape; in
     # fp64 the order could only show at a rounding tie). The backward is not batch-invariant (not needed).
     batch_invariant: bool = False
+    # The batch-invariant attention kernel (read only under batch_invariant, on the fast path; the reference backend
+    # runs fp64 attention): learner and sampler must run the same one, which a profile field guarantees. Default
+    # "tile-bf16x3", the fastest (47x "row" on the H200, results/notes/h200-tiled-attention-1f4f47b.log); "row" is
+    # the plain per-query kernel. Environment override: MINITE_ATTENTION (runs.execution, recorded in env).
+    attention_kernel: str = "tile-bf16x3"
     # Not a numeric knob: in a learner's forward, RMSNorm and SwiGLU save only their inputs and run their
     # elementwise ops again in backward (nn.recompute; outputs and gradients bitwise the plain graph's). On for the
-    # NVFP4 learners, whose recipe keeps packed GEMM inputs and recomputes the cheap ops (issue 16, item 4); off for
-    # bf16, as BF16 users run it (H200, 6 layers: bf16's step 247.4 ms without it, 259.8 ms with it, ~5% — two
-    # runs on two machines, results/h200/extra/session7).
+    # NVFP4 learners, whose recipe keeps packed GEMM inputs and recomputes the cheap ops; off for bf16, as BF16
+    # users run it (H200, 6 layers: bf16's step 247.4 ms without it, 259.8 ms with it, ~5% — two runs on two
+    # machines, results/h200/bench/NOTES.md, row 15).
     recompute_elementwise: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "boundary_layers", tuple(self.boundary_layers))  # hashable, as Quant.block
         _check("router_dtype", self.router_dtype, DTYPES)
         _check("lm_head_dtype", self.lm_head_dtype, DTYPES)
         _check("dtype", self.dtype, DTYPES)
@@ -149,6 +160,7 @@ class Profile:
         _check("wgrad_rht_dtype", self.wgrad_rht_dtype, DTYPES)
         _check("wgrad_input_scale_mode", self.wgrad_input_scale_mode, SCALE_MODES)
         _check("kernel_rounding", self.kernel_rounding, KERNEL_ROUNDINGS)
+        _check("attention_kernel", self.attention_kernel, ATTENTION_KERNELS)
         if self.w4a4_gemm == "vllm-cpu" and self.weight is not None and not (
                 self.activation is not None and self.activation.static and self.weight.scale_mode == "tensor"):
             raise ValueError(f"profile {self.name!r}: w4a4_gemm='vllm-cpu' needs static per-tensor activation "
@@ -198,6 +210,11 @@ class Profile:
     @property
     def quantized(self) -> bool:
         return self.weight is not None
+
+    @property
+    def can_learn(self) -> bool:
+        """Whether a learner can run it: a backward for every GEMM (high precision, or NVFP4 with a grad spec)."""
+        return self.weight is None or self.grad is not None
 
     @property
     def needs_calibration(self) -> bool:
@@ -281,7 +298,7 @@ PROFILES: dict[str, Profile] = {
 # A baseline beyond DESIGN.md's five: miniTE plus fp32 attention on both sides, which closes the remaining
 # decode-vs-prefill gap that the first-divergence trace finds in minite<->minite (bf16 SDPA in decode).
 PROFILES["minite-fp32attn"] = PROFILES["minite"].replace(name="minite-fp32attn", attention_dtype="float32")
-# minite with bitwise learner/sampler log-probs on the GPU too (issue 19): minite-fp32attn plus batch-invariant
+# minite with bitwise learner/sampler log-probs on the GPU too: minite-fp32attn plus batch-invariant
 # forward kernels (Profile.batch_invariant). minite's activation scales are already per token (a row's global
 # scale is its own amax / (6 * 448), DESIGN.md), so no batch-mate enters a row's codes; the GEMM's global scales
 # are applied per row in the epilogue. Same weights, codes and arithmetic as minite up to fp32 summation order.
@@ -323,6 +340,39 @@ def experiment_profiles(config: dict) -> list[str]:
     for pair in config.get("diagnostics", {}).get("pairs", []):
         names |= set(pair.split(":"))
     return sorted(n for n in names if n in PROFILES)
+
+
+# Knobs this process runs differently from every profile's own value: an environment override of the run
+# (runs.execution: MINITE_ATTENTION -> attention_kernel), installed once and recorded in every result's env.
+# Empty (the default): every profile runs as registered. Applied where a profile is put on a model (`effective`).
+_OVERRIDES: dict = {}
+OVERRIDABLE = ("attention_kernel",)
+
+
+def effective(profile: Profile) -> Profile:
+    """The profile as this process executes it: with the run's knob overrides (none by default)."""
+    return profile.replace(**_OVERRIDES) if _OVERRIDES else profile
+
+
+def set_overrides(**knobs) -> None:
+    """The process's knob overrides (OVERRIDABLE fields; none = every profile as registered), checked now."""
+    global _OVERRIDES
+    unknown = sorted(set(knobs) - set(OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"profile overrides {unknown} are not overridable; one of {list(OVERRIDABLE)}")
+    PROFILES["bf16"].replace(**knobs)  # a bad value fails here, naming the knob
+    _OVERRIDES = dict(knobs)
+
+
+@contextmanager
+def overriding(**knobs):
+    """`set_overrides(**knobs)` for a block; the previous overrides are restored on exit."""
+    before = dict(_OVERRIDES)
+    set_overrides(**knobs)
+    try:
+        yield
+    finally:
+        set_overrides(**before)
 
 
 def get_profile(name: str | Profile) -> Profile:

@@ -3,8 +3,9 @@
 (step series go to CSV beside it). The report reads only these files, so an external framework that
 writes a conforming file shows up in the tables as a new baseline.
 
-`env` = hardware and software identity (`env_info`) plus the run options that change numerics and are not in a
-stage's config, registered once per process by the CLI layer (`set_run_env`: the kernel backend). Configs travel
+`env` = hardware and software identity (`env_info`) plus what the command executes with and a stage's config does
+not say: its execution (runs.execution: kernel backend, rollout engine, the environment variables that decided),
+registered once per process (`set_run_env`). Configs travel
 as JSON both ways: a rule passes a stage's config section as `--config-json`, `config_from_json` builds the frozen
 dataclass (unknown keys are an error naming them), `config_to_dict` is the form the result records.
 """

@@ -24,7 +24,7 @@ EXPERT_SEED_STRIDE = 1_000_003  # a prime: per-expert SR seeds never collide for
 
 # Purpose tags: the first key after the run seed.
 TAGS = {
-    "init": 1,  # model init (pretrain); calibration example choice (RL, before issue 15)
+    "init": 1,  # model init (pretrain); the choice of calibration examples (task.data.calibration_examples)
     "batch": 2,  # the prompts of step s
     "sample": 3,  # the sampler's seed of step s (rows then derive_seed(that, row))
     "learner": 4,  # the learner's run seed (modules then derive_seed(that, step, j))

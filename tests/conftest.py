@@ -23,8 +23,8 @@ def one_thread():
 def _restore_kernel_backend():
     """A test that runs a CLI in-process (`--kernels ...`) sets the process's kernel backend; the next test gets the
     backend the session started with (a leaked `triton` ran later CPU tests in the interpreter, ~100x slower)."""
-    from minite_core.kernels import dispatch
+    from minite_core.kernels import backend
 
-    before = dispatch._RUN_BACKEND
+    before = backend._RUN_BACKEND
     yield
-    dispatch._RUN_BACKEND = before
+    backend._RUN_BACKEND = before

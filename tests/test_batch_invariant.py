@@ -170,15 +170,15 @@ def test_attention_rows_same_bits_across_calls_per_query():
     _check_attention_rows("row", B=2, H=2, Hkv=1, T=40, S=56, lens=(37, 40), decode=(0, 2, 3, 34, 35, 39))
 
 
-def test_attention_kernel_choice_is_checked(monkeypatch):
+def test_attention_kernel_choice_is_checked():
     from minite_core.kernels.attention import DEFAULT_KERNEL, attention_kernel, attention_triton
 
     q = _randn(1, 1, 2, 16)
-    monkeypatch.delenv("MINITE_ATTENTION", raising=False)
-    assert attention_kernel() == DEFAULT_KERNEL == "tile-bf16x3"
-    monkeypatch.setenv("MINITE_ATTENTION", "tiled")
-    with pytest.raises(ValueError, match=r"unknown attention kernel 'tiled' \(argument or \$MINITE_ATTENTION\)"):
-        attention_triton(q, q, q, None)
+    assert attention_kernel() == DEFAULT_KERNEL == "tile-bf16x3" == get_profile("minite-onpolicy").attention_kernel
+    with pytest.raises(ValueError, match=r"unknown attention kernel 'tiled'"):
+        attention_triton(q, q, q, None, kernel="tiled")
+    with pytest.raises(ValueError, match=r"attention_kernel='tiled' is not one of"):
+        get_profile("minite-onpolicy").replace(attention_kernel="tiled")
     with pytest.raises(ValueError, match="tile attention takes"):  # fp32: its q·kᵀ would be TF32
         attention_triton(q, q, q, None, kernel="tile")
 
@@ -220,24 +220,22 @@ def _assert_bitwise(logp, sampler_logp, mask):
 
 
 @pytest.mark.parametrize("kernel", ["row", "tile", "tile-bf16x3"])
-def test_onpolicy_learner_equals_fast_sampler_triton(monkeypatch, kernel):
+def test_onpolicy_learner_equals_fast_sampler_triton(kernel):
     """Triton kernels (interpreter): fast sampler (left-padded prefill + cached decode) vs the learner's
     right-padded full-sequence forward, an MoE and a dense layer, prompts of different lengths; then one
-    backward through the same kernels. Each attention kernel (MINITE_ATTENTION), shared by both engines."""
-    from minite_core.kernels import attention
-
-    monkeypatch.setenv(attention.ENV_VAR, kernel)
+    backward through the same kernels. Each attention kernel (Profile.attention_kernel), shared by both engines."""
+    profile = get_profile("minite-onpolicy").replace(attention_kernel=kernel)
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                       num_experts=4, num_experts_per_tok=2, mlp_only_layers=(1,), rope_theta=10000.0,
                       max_position_embeddings=64, bos_token_id=None, eos_token_id=None)
     model = CausalLM(cfg).init_weights(0, std=0.3)
     with dispatch.using_backend("triton"):
-        logp, sampler_logp, mask = _onpolicy_rollout(model, [[1, 5, 6, 7, 9], [1, 8]], 3, "fast-eager")
+        logp, sampler_logp, mask = _onpolicy_rollout(model, [[1, 5, 6, 7, 9], [1, 8]], 3, "fast-eager", profile)
         _assert_bitwise(logp, sampler_logp, mask)
         # training still works: the backward runs through the recomputed references (attention, RMSNorm)
         ids = [[1, 5, 6, 7, 9], [1, 8]]
-        logp_new, _, m = Learner(model, "minite-onpolicy").logprobs(ids, [[3, 4], [5]], grad=True)
+        logp_new, _, m = Learner(model, profile).logprobs(ids, [[3, 4], [5]], grad=True)
         (-(logp_new * m).sum()).backward()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
@@ -280,7 +278,7 @@ def test_gpu_onpolicy_dense_gemm_rows_batch_invariant(role):
     assert torch.equal(small, big), f"max |diff| {float((small.float() - big.float()).abs().max()):.3e}"
 
 
-# every attention kernel (MINITE_ATTENTION); the tiled ones failed these at 1f4f47b (a constexpr mask: two binaries)
+# every attention kernel (Profile.attention_kernel); the tiled ones failed these at 1f4f47b (a constexpr mask: two binaries)
 GPU_KERNELS = ["row", "tile", "tile-bf16x3"]
 
 
@@ -379,18 +377,16 @@ def test_gpu_onpolicy_moe_layer_rows_batch_invariant():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
 @pytest.mark.parametrize("kernel", GPU_KERNELS)
-def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys, monkeypatch, kernel):
+def test_gpu_onpolicy_learner_equals_sampler_rl_shape(capsys, kernel):
     """The issue's measurement: 64 prompts x 128 sampled tokens (no stop), CUDA-graph sampler vs the learner's
     full-sequence forward: max |Δ| = 0 and k3 = 0 exactly. minite's numbers printed beside it. Both attention
-    kernels (MINITE_ATTENTION), each shared by the learner and the sampler."""
-    from minite_core.kernels import attention
-
-    monkeypatch.setenv(attention.ENV_VAR, kernel)
+    kernels (Profile.attention_kernel), each shared by the learner and the sampler."""
     model = CausalLM(RL_SHAPE).init_weights(0, std=0.1).cuda()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 64, (int(n),), generator=g).tolist() for n in torch.randint(8, 40, (64,), generator=g)]
     for profile in ("minite", "minite-onpolicy"):
-        logp, s, mask = _onpolicy_rollout(model, prompts, 128, "fast", profile)
+        logp, s, mask = _onpolicy_rollout(model, prompts, 128, "fast",
+                                          get_profile(profile).replace(attention_kernel=kernel))
         m = mismatch_metrics(logp, s, mask)
         with capsys.disabled():
             print(f"\n[onpolicy] {profile} ({kernel} attention): tokens {int(mask.sum())} k3 {m['mismatch/k3']:.3e} "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minite_core.bench import learner_dist as LD
-from minite_core.bench.learner import CONFIGS
+from minite_core.bench.learner_setup import CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 

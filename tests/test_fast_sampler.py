@@ -137,28 +137,34 @@ def test_bad_input_errors_as_the_reference(models):
     assert type(make_sampler(model, "bf16", device="cpu")) is Sampler  # CPU default: the reference
 
 
-def test_engine_choice_process_wide_and_recorded(models, monkeypatch):
-    """--sampler-engine (runs.cli) sets the process's engine ($MINITE_SAMPLER) that make_sampler falls back to, and
-    every result's env records it; an argument still wins; unknown names fail naming the choices."""
+def test_engine_choice_resolved_once_and_recorded(models, monkeypatch):
+    """--sampler-engine (runs.cli) resolves into the command's execution (args.execution), which the command passes
+    to make_sampler; $MINITE_SAMPLER decides only an "auto" option, and is recorded; every result's env records the
+    engine; make_sampler itself reads no environment; unknown names fail naming the choices."""
     import argparse
 
     from minite_core import results
-    from minite_core.engines.fast_sampler import ENV_VAR
     from minite_core.runs.cli import add_common_args, apply_common_args
+    from minite_core.runs.execution import SAMPLER_VAR
 
-    monkeypatch.setenv(ENV_VAR, "reference")  # restored (unset) after the test, whatever the CLI writes
+    monkeypatch.setenv(SAMPLER_VAR, "reference")
     monkeypatch.setattr(results, "_RUN_ENV", dict(results._RUN_ENV))  # this process's other results unaffected
     parser = argparse.ArgumentParser()
     add_common_args(parser)
-    apply_common_args(parser, parser.parse_args(["--sampler-engine", "fast-eager"]))
+    args = apply_common_args(parser, parser.parse_args(["--sampler-engine", "fast-eager"]))  # the option wins
     model = models["tiny-dense"]
-    assert type(make_sampler(model, "bf16")) is FastSampler and results.env_info()["sampler_engine"] == "fast-eager"
-    assert type(make_sampler(model, "bf16", engine="reference")) is Sampler
-    monkeypatch.delenv(ENV_VAR)
-    assert type(make_sampler(model, "bf16")) is Sampler  # auto on CPU
-    monkeypatch.setenv(ENV_VAR, "graph")
+    assert args.execution.sampler_engine == "fast-eager" and results.env_info()["sampler_engine"] == "fast-eager"
+    assert type(make_sampler(model, "bf16", engine=args.execution.sampler_engine)) is FastSampler
+    args = apply_common_args(parser, parser.parse_args([]))  # auto: the variable decides, and is recorded
+    assert args.execution.sampler_engine == "reference"
+    assert results.env_info()["overrides"] == {SAMPLER_VAR: "reference"}
+    monkeypatch.setenv(SAMPLER_VAR, "fast-eager")
+    assert type(make_sampler(model, "bf16")) is Sampler  # auto on CPU: no environment read below the command
+    monkeypatch.setenv(SAMPLER_VAR, "graph")
+    with pytest.raises(SystemExit):
+        apply_common_args(parser, parser.parse_args([]))
     with pytest.raises(ValueError, match="fast-eager"):
-        make_sampler(model, "bf16")
+        make_sampler(model, "bf16", engine="graph")
     with pytest.raises(SystemExit):
         parser.parse_args(["--sampler-engine", "graph"])
 

@@ -314,7 +314,9 @@ def test_dispatch_reference_backend_on_cpu():
 
 
 def test_dispatch_selection(monkeypatch):
-    monkeypatch.setattr(dispatch, "_RUN_BACKEND", None)
+    from minite_core.kernels import backend
+
+    monkeypatch.setattr(backend, "_RUN_BACKEND", None)
     assert dispatch.select_backend() == ("reference" if not CUDA else dispatch.select_backend())
     dispatch.set_backend("reference")
     assert dispatch.select_backend() == dispatch.current_backend() == "reference"

@@ -114,6 +114,114 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     assert len(bad) == 1 and "formats imports minite_core.report" in bad[0]
 
 
+MAX_LINES = 500  # one concept per file (STYLE.md): 150-500 lines
+
+
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Every module of the package -> the package's modules it imports, at module level or inside a function.
+    `from pkg import name` imports the module pkg.name when there is one, else pkg itself (its __init__)."""
+    root = package.parent
+    names = {_module_name_under(p, root): p for p in package.rglob("*.py")}
+    graph = {}
+    for me, path in names.items():
+        pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(pkg.split(".")[:len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+                deps |= {f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names}
+        graph[me] = {d for d in deps if d in names and d != me}
+    return graph
+
+
+def _module_name_under(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: its strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    """No two modules of minite_core import each other, directly or around a loop, at any depth: a shared part
+    lives in a module of its own."""
+    cycles = import_cycles(module_graph(PACKAGE))
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_checker_sees_a_cycle(tmp_path):
+    """The test above can fail: a loop of three modules, one edge inside a function, is found."""
+    pkg = tmp_path / "minite_core"
+    (pkg / "rl").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rl" / "__init__.py").write_text("")
+    (pkg / "rl" / "a.py").write_text("from minite_core.rl import b\n")
+    (pkg / "rl" / "b.py").write_text("from minite_core.rl.c import f\n")
+    (pkg / "rl" / "c.py").write_text("def f():\n    from minite_core.rl.a import x\n")
+    (pkg / "rl" / "d.py").write_text("from minite_core.rl import a\n")  # into the loop, not part of it
+    assert import_cycles(module_graph(pkg)) == [["minite_core.rl.a", "minite_core.rl.b", "minite_core.rl.c"]]
+
+
+def test_no_file_over_the_line_limit():
+    """Every Python file of minite_core has at most MAX_LINES lines (split a longer one by concept)."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+def kernel_reaches(path: Path) -> list[str]:
+    """Every kernels/ module `path` imports (`from minite_core.kernels import x` names x), at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.startswith("minite_core.kernels.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minite_core.kernels"):
+            if node.module == "minite_core.kernels":
+                out += [f"minite_core.kernels.{a.name}" for a in node.names]
+            else:
+                out.append(node.module)
+    return out
+
+
+def test_nn_reaches_kernels_only_through_dispatch():
+    """nn/ (the autograd layer) calls every kernel through kernels.dispatch, which picks reference or Triton."""
+    bad = [f"{p.relative_to(ROOT)}: {mod}" for p in sorted((PACKAGE / "nn").rglob("*.py"))
+           for mod in kernel_reaches(p) if mod != "minite_core.kernels.dispatch"]
+    assert not bad, "nn/ imports kernels other than dispatch:\n" + "\n".join(bad)
+
+
 _NO_TRITON = textwrap.dedent('''
     """Stand-in for a machine without triton (the README's main command installs no triton)."""
     raise ImportError("triton is not installed (blocked by tests/test_layers.py)")
@@ -130,7 +238,7 @@ def _without_triton_env(tmp_path) -> dict:
 
 def _is_triton_kernel_file(path: Path) -> bool:
     """A file of kernels/ that imports triton at module level: a Triton kernel file, imported only when the
-    triton / native backend is chosen (kernels/dispatch.py imports it lazily)."""
+    triton / native backend is chosen (kernels.dispatch imports it lazily)."""
     if path.parent.name != "kernels":
         return False
     tree = ast.parse(path.read_text())
@@ -163,6 +271,18 @@ def test_cpu_path_imports_without_triton(tmp_path):
     dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "all"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-4000:]
+
+
+def test_run_options_import_no_triton():
+    """The run options (runs.cli, which every command parses before it acts) import neither triton nor the model
+    code: `minite kernels` turns the Triton interpreter on (TRITON_INTERPRET=1) after parsing them, and triton
+    reads the variable when it is first imported."""
+    code = "import sys, minite_core.runs.cli; print(sorted(m for m in ('triton', 'transformers') if m in sys.modules))"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]", res.stdout
 
 
 @pytest.mark.parametrize("unit", sorted(RANK))

@@ -241,7 +241,7 @@ def test_expert_weights_quantized_once_per_weight_version(monkeypatch):
 
 @pytest.mark.parametrize("name", ["minite", "te-nvfp4"])
 def test_fused_group_quantizes_its_input_once(name, monkeypatch):
-    """q/k/v (and gate/up) quantize their shared input once (nn.linear._InputQuant): the forward operand and the
+    """q/k/v (and gate/up) quantize their shared input once (nn.operands.InputQuant): the forward operand and the
     saved xᵀ are reused by every member, and the loss and every gradient equal the per-member quantization's."""
     import importlib
 
@@ -265,7 +265,7 @@ def test_fused_group_quantizes_its_input_once(name, monkeypatch):
                 return _orig(*a, **kw)
             monkeypatch.setattr(dispatch, fn, counted)
         if not share:
-            monkeypatch.setattr(linear_mod, "_input_quant", lambda group: None)
+            monkeypatch.setattr(linear_mod, "input_quant", lambda group: None)
         loss = model(ids).logsumexp(-1).mean()
         loss.backward()
         monkeypatch.undo()
@@ -301,10 +301,10 @@ def test_fused_group_shares_its_input_quantization_under_inference_mode():
             calibrate(model, [ids])
         with torch.inference_mode():
             shared = model(ids)
-            input_quant = linear_mod._input_quant
-            linear_mod._input_quant = lambda group: None
+            input_quant = linear_mod.input_quant
+            linear_mod.input_quant = lambda group: None
             try:
                 plain = model(ids)
             finally:
-                linear_mod._input_quant = input_quant
+                linear_mod.input_quant = input_quant
         assert torch.equal(shared, plain), name

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minite_core.bench.learner import CONFIGS, build
+from minite_core.bench.learner_setup import CONFIGS, build
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.model import set_profile
 from minite_core.model.qwen3_moe import RMSNorm, swiglu

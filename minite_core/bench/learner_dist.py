@@ -34,7 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from minite_core.bench.learner import PAPER, SCHEMA, LearnerBenchConfig, _kernel_backend, draw_random_, random_model
+from minite_core.bench.learner_setup import (PAPER, SCHEMA, LearnerBenchConfig, draw_random_, kernel_backend,
+                                             random_model)
 from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
@@ -217,7 +218,7 @@ def run(cfg: LearnerBenchConfig, device: torch.device, *, compare_plain: bool = 
         config = {**dataclasses.asdict(cfg), "warmup_run": cfg.warmup, "iters_run": len(samples[cfg.profiles[0]]),
                   "tokens_per_step": cfg.batch * cfg.seq * dp.world, "device": str(device),
                   "model_config": dataclasses.asdict(mcfg), "num_parameters": n_params,
-                  "kernel_backend": _kernel_backend(),
+                  "kernel_backend": kernel_backend(),
                   "optimizer": "AdamW(fused)" if device.type == "cuda" else "AdamW(foreach)",
                   "gemm_ceiling_tflops": None, "model_flops_per_step": None,
                   "loss": "policy-gradient token-mean surrogate (engines.distributed.pg_step)",

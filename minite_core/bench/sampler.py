@@ -20,7 +20,7 @@ decode GEMMs (`<profile>-packed`, profiles.py `decode_gemm`; rows carry `decode_
 `speedup_vs_cached` = tokens/s over the cached-bf16 row of the same profile, shape and batch, same run).
 
 Output: `throughput/v1` JSON, rows {profile, shape, batch, engine, tokens_per_s, speedup_vs_bf16, ...},
-`reference` rows, `targets` (issue 17's, checked on CUDA only); the report's table is report/tables.sampler_table.
+`reference` rows, `targets` (`TARGETS`, checked on CUDA only); the report's table is report/tables.sampler_table.
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from minite_core.bench.decode_bytes import step_bytes
-from minite_core.bench.learner import random_model
+from minite_core.bench.learner_setup import random_model
 from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.plain_decode import time_plain
 from minite_core.bench.timing import Stats, Timer, copy_bandwidth
 from minite_core.engines import FastSampler, Sampler
 from minite_core.engines.fast_sampler import GraphCaptureError
 from minite_core.engines.sampler import batch_bucket, cache_slots
-from minite_core.model import CausalLM, ModelConfig, set_profile
+from minite_core.model import CausalLM, ModelConfig, use_profile
 from minite_core.model.calibrate import calibrate
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
@@ -66,7 +66,7 @@ class SamplerBenchConfig:
     weight_bound_batches: tuple[int, ...] = (1, 16)  # weight-bound: batch <= 16
     profiles: tuple[str, ...] = ("bf16",) + NVFP4 + PACKED  # bf16 first: the ratio baseline
     prompt_len: int = 32
-    new_tokens: int = 128  # issue 17: 64-256
+    new_tokens: int = 128  # RL responses are 64-256 tokens (DESIGN.md)
     reps: int = 5  # timed decodes per row (median)
     reference_batch: int = TARGET_BATCH  # the "before" number: reference sampler, RL shape
     budget_s: float = 330.0  # rows left when it is spent are recorded as skipped (7 profiles: ~300 s on the H200)
@@ -113,8 +113,9 @@ def build(shape: str, cfg: SamplerBenchConfig, device: torch.device) -> CausalLM
     model, gen = random_model(mcfg, dtype, device, cfg.seed)
     for name in cfg.profiles:
         if get_profile(name).needs_calibration:
-            set_profile(model, name)
-            calibrate(model, [torch.randint(0, mcfg.vocab_size, (8, cfg.prompt_len), generator=gen, device=device)])
+            with use_profile(model, name):
+                calibrate(model, [torch.randint(0, mcfg.vocab_size, (8, cfg.prompt_len), generator=gen,
+                                                device=device)])
             break
     return model
 

@@ -12,6 +12,7 @@ bench.learner, bench.learner_dist), `timed_rounds` their budget rule.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -89,19 +90,21 @@ def bench(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10, device: 
 
 
 def round_robin(names, r: int, prepare: Callable[[str], Callable[[], object]], device: torch.device | str,
-                samples: dict | None, peaks: dict) -> None:
+                samples: dict | None, peaks: dict, scope: Callable[[str], object] | None = None) -> None:
     """One round: every name's step once, the starting name rotated by the round index r (names[r % n] first), so
     drift and allocator growth hit every name alike. `prepare(name)` does the untimed set-up and returns the step
-    to time. A timed round (samples given) appends each step's ms to samples[name] and, on CUDA, maxes the step's
-    peak allocated bytes (reset after prepare) into peaks[name]."""
+    to time; `scope(name)`, a context manager entered and left outside the timed region around the step (e.g. the
+    row's profile on the model). A timed round (samples given) appends each step's ms to samples[name] and, on
+    CUDA, maxes the step's peak allocated bytes (reset after prepare) into peaks[name]."""
     cuda = torch.device(device).type == "cuda"
     k = r % len(names)
     for name in names[k:] + names[:k]:
         step = prepare(name)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        with Timer(device) as t:
-            step()
+        with scope(name) if scope is not None else contextlib.nullcontext():
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            with Timer(device) as t:
+                step()
         if samples is not None:
             samples[name].append(t.elapsed_ms)
             if cuda:

@@ -170,16 +170,17 @@ def _learner(model, learner: Profile | str, seed: int, batch_size) -> Learner:
 
 
 def measure_pair(model, learner: Profile | str, sampler: Profile | str, prompts, *, max_new_tokens: int,
-                 temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None):
-    """Sample with `sampler` (recording its routing and its processed log-prob rows), rescore with `learner`
-    (a profile, replaying that routing when it says so, or `te:<mode>`: TELearner) -> (metrics, by_position rows,
-    rollout)."""
+                 temperature: float, top_p: float, seed: int, stop_ids=(EOS_ID,), batch_size=None,
+                 sampler_engine: str | None = None):
+    """Sample with `sampler` (recording its routing and its processed log-prob rows) on the rollout engine
+    `sampler_engine` (None: automatic), rescore with `learner` (a profile, replaying that routing when it says so, or
+    `te:<mode>`: TELearner) -> (metrics, by_position rows, rollout)."""
     sampler = get_profile(sampler)
     engine = _learner(model, learner, seed, batch_size)
     name = learner if isinstance(learner, str) else learner.name
-    rollout = make_sampler(model, sampler).generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                    top_p=top_p, stop_ids=stop_ids, seed=seed, batch_size=batch_size,
-                                                    record_routes=True, keep_logprob_rows=True)
+    rollout = make_sampler(model, sampler, engine=sampler_engine).generate(
+        prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop_ids=stop_ids, seed=seed,
+        batch_size=batch_size, record_routes=True, keep_logprob_rows=True)
     sc = engine.score(
         rollout.prompt_ids, rollout.response_ids, temperature=temperature, top_p=top_p, with_entropy=True,
         with_argmax=True, routes=rollout.routes, record_routes=True, sampler_rows=rollout.logprob_rows)
@@ -227,14 +228,16 @@ def diagnose(model, pairs, prompts, *, max_new_tokens: int, temperature: float =
              trace_sequences: int | None = None,
              trace_threshold: float = TRACE_THRESHOLD, attribution: bool = False,
              attribution_base=("te-nvfp4", "vllm-nvfp4"), attribution_target: str = "minite",
-             attribution_cumulative: bool = False, budgets: dict[str, float] | None = None) -> dict:
+             attribution_cumulative: bool = False, budgets: dict[str, float] | None = None,
+             sampler_engine: str | None = None) -> dict:
     """The whole measurement on a loaded (and, if needed, calibrated) model -> {"metrics", "by_position",
     "trace", "attribution", "budget", "skipped"} (trace / attribution None unless asked for, budget None without
     budgets; a budgeted pair over its budget that was not traced gets its decode trace, to name the first op;
-    skipped: [{"pair", "step", "reason"}] for what a te:* pair cannot do, module docstring)."""
+    skipped: [{"pair", "step", "reason"}] for what a te:* pair cannot do, module docstring). sampler_engine: the
+    rollout engine (None: automatic)."""
     require_te(pairs, model)
     opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
-                batch_size=batch_size)
+                batch_size=batch_size, sampler_engine=sampler_engine)
     budgets = budgets or {}
     cache: dict = {}  # forward_key pair -> metrics, shared with the attribution
     metrics, by_position, traces, gate_traces, skipped = {}, {}, [] if trace else None, [], []
@@ -365,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                       trace=args.trace, trace_sequences=args.trace_sequences, trace_threshold=args.trace_threshold,
                       attribution=args.attribution, attribution_base=base,
                       attribution_target=args.attribution_target,
-                      attribution_cumulative=args.attribution_cumulative, budgets=budgets)
+                      attribution_cumulative=args.attribution_cumulative, budgets=budgets,
+                      sampler_engine=args.execution.sampler_engine)
     config = {"checkpoint": str(ckpt), "pairs": [f"{l}:{s}" for l, s in pairs], "num_prompts": args.num_prompts,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
               "seed": args.seed, "prompts": prompt_src, "calibration": calib_src, "device": args.device,

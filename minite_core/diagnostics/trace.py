@@ -36,7 +36,7 @@ import torch
 from minite_core.engines.batching import pack_right
 from minite_core.engines.mismatch import TRACE_THRESHOLD, rel_error  # noqa: F401  (re-exported)
 from minite_core.engines.sampler import batch_bucket, batch_layout, cache_slots
-from minite_core.model import KVCache, set_profile
+from minite_core.model import KVCache, use_profile
 from minite_core.model.qwen3_moe import Attention, DecoderLayer, DenseMLP, SparseMoE
 from minite_core.model.routing import Routing, moe_layers, pad_routes, replay_tables, use_routing
 from minite_core.nn import GroupedLinear, QuantLinear
@@ -163,7 +163,6 @@ def _run_decode(model, rec, prompt_ids, response_ids, device):
 
 
 def _record(model, profile, prompt_ids, response_ids, mode, routes=None) -> _Recorder:
-    set_profile(model, profile)
     rec = _Recorder(model)
     device = model.lm_head.weight.device
     layers = moe_layers(model)
@@ -171,7 +170,7 @@ def _record(model, profile, prompt_ids, response_ids, mode, routes=None) -> _Rec
         L = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))  # pack_right's padded length
         rec.routing = Routing(replay=replay_tables(pad_routes(routes, L, device=device), layers))
     try:
-        with use_routing(model, rec.routing):
+        with use_routing(model, rec.routing), use_profile(model, profile):
             (_run_full if mode == "prefill" else _run_decode)(model, rec, prompt_ids, response_ids, device)
     finally:
         rec.remove()

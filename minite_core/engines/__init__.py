@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"Learner": "learner", "Sampler": "sampler", "Rollout": "sampler", "processed_logprobs": "sampler",
-            "FastSampler": "fast_sampler", "make_sampler": "fast_sampler", "resolve_engine": "fast_sampler",
+            "FastSampler": "fast_sampler", "make_sampler": "fast_sampler", "resolve_engine": "engine_choice",
             "pack_left": "batching", "pack_right": "batching"}
 __all__ = list(_EXPORTS)
 

@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from minite_core.engines.engine_choice import resolve_engine
 from minite_core.engines.host_sync import HostSync, find_host_syncs
 from minite_core.engines.sampler import (Sampler, batch_bucket, batch_layout, cache_slots, check_generate_args,
                                          row_routes, row_seeds, sample_step)
-from minite_core.model import KVCache, set_profile
+from minite_core.model import KVCache, use_profile
 from minite_core.model.routing import NOT_ROUTED, moe_layers, use_routing
 from minite_core.task.tokenizer import EOS_ID, PAD_ID
 
@@ -55,8 +55,6 @@ from minite_core.task.tokenizer import EOS_ID, PAD_ID
 SYNC_EVERY = 16
 WARMUP_STEPS = 2  # eager steps before capture (Triton compile/autotune, cuBLAS workspaces, weight caches)
 MAX_STATES = 8  # decode states (and their graphs) kept per sampler; the least recently used is dropped
-ENGINES = ("reference", "fast", "fast-eager")
-ENV_VAR = "MINITE_SAMPLER"
 
 
 class GraphCaptureError(RuntimeError):
@@ -203,16 +201,21 @@ class FastSampler(Sampler):
         """Prefill one batch of prompts (one bucket) and sample its step 0; `step` it max_new_tokens - 1 times
         (what `generate` does, without the early stop and the read-back: for benchmarks and checks)."""
         check_generate_args(prompts, max_new_tokens, temperature, top_p)
-        set_profile(self.model, self.profile)
         self.model.eval()
         st = self._state_for(prompts, max_new_tokens, temperature, top_p, frozenset(stop_ids), False, False)
-        self._prefill(st, prompts, list(range(len(prompts))), seed)
+        with use_profile(self.model, self.profile):
+            self._prefill(st, prompts, list(range(len(prompts))), seed)
         return st
 
     @torch.no_grad()
     def step(self, st: _Decode) -> None:
-        """One decode step of a started batch (asynchronous on CUDA)."""
-        self._advance(st)
+        """One decode step of a started batch (asynchronous on CUDA). A replayed graph holds the sampler's profile;
+        an eager step runs under it (`use_profile`: free inside the caller's own block of it)."""
+        if st.graph is not None:
+            st.graph.replay()
+            return
+        with use_profile(self.model, self.profile):
+            self._step(st)
 
     def _advance(self, st: _Decode) -> None:
         if st.graph is not None:
@@ -349,15 +352,6 @@ class FastSampler(Sampler):
             self.graph = graph
         with torch.no_grad():
             return find_host_syncs(self._step, st)
-
-
-def resolve_engine(engine: str | None, device) -> str:
-    """engine, else env MINITE_SAMPLER, else "fast" on CUDA and "reference" on CPU (there both give the same
-    bits — tests/test_fast_sampler.py — and the reference is the readable definition); checked."""
-    name = engine or os.environ.get(ENV_VAR) or ("fast" if torch.device(device).type == "cuda" else "reference")
-    if name not in ENGINES:
-        raise ValueError(f"unknown sampler engine {name!r} (argument or ${ENV_VAR}); one of {list(ENGINES)}")
-    return name
 
 
 def make_sampler(model, profile, *, engine: str | None = None, device=None) -> Sampler:

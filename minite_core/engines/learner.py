@@ -6,8 +6,9 @@ FSDP learners compute the "old" and "new" log-probs of an RL step): logits / tem
 These are the numbers the GRPO loss uses; `grad=True` keeps the graph for the update.
 
 Why a separate engine object on the same model: the learner and the sampler share weights but not execution.
-Each engine puts its profile on the model right before its forward (`set_profile`), so a diagnostic or an RL
-step can interleave them on one module tree.
+Each engine runs its forward under its own profile (`use_profile`, restored afterwards: model/profile_scope.py),
+so a diagnostic or an RL step can interleave them on one module tree and neither leaves its profile behind. The
+backward of `grad=True` log-probs runs later, outside the block, with the numerics its forward recorded.
 
 Seeds: stochastic rounding in the backward draws from `module.seed`; `set_step(step)` gives every QuantLinear /
 GroupedLinear (index j in `nn.walk.gemm_modules` order) the seed seeds.module_seed(run seed, step, j) — explicit, and
@@ -32,7 +33,7 @@ import torch
 
 from minite_core.engines.batching import pack_right, response_targets
 from minite_core.engines.sampler import processed_logprobs
-from minite_core.model import set_profile
+from minite_core.model import use_profile
 from minite_core.model.routing import Routing, moe_layers, pad_routes, replay_tables, stack_calls, use_routing
 from minite_core.nn.walk import set_sr_seeds
 from minite_core.profiles import Profile, get_profile
@@ -62,13 +63,12 @@ class Learner:
 
     def response_logits(self, prompt_ids, response_ids, *, grad: bool = False):
         """Raw logits (N, T, V) fp32 at the positions that predict each response token, and mask (N, T) bool."""
-        set_profile(self.model, self.profile)
         self._check(prompt_ids, response_ids)
         ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device, length=self.pad_length)
         N, T = mask.shape
         step = self.batch_size or max(N, 1)
         chunks = []
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), use_profile(self.model, self.profile):
             for s in range(0, N, step):
                 # right padding needs no key mask (real queries never see the pads after them): on CUDA the
                 # mask is dropped so SDPA takes its flash kernel; on CPU it stays (CPU results stay bitwise)
@@ -98,7 +98,6 @@ class Learner:
         routes: per row (S_i, Lm, K) the sampler's executed expert ids (-1 = not routed), required when the
         profile replays routing on an MoE model, else unused. record_routes: return this forward's routing.
         sampler_rows: per row (R_i, V) the sampler's processed log-probs -> Scores.kl_full_vocab."""
-        set_profile(self.model, self.profile)
         self._check(prompt_ids, response_ids)
         ids, attn, pos, mask = pack_right(prompt_ids, response_ids, device=self.device, length=self.pad_length)
         N, T = mask.shape
@@ -125,31 +124,32 @@ class Learner:
                                     if sampler_rows is not None else None),
                      routes=[] if record else None, router_routes=[] if record and replay else None)
         logp_parts = []
-        for s in range(0, N, step):
-            rows = slice(s, s + step)
-            routing = Routing(record=record, replay=replay_tables(padded[rows], layers) if replay else None) \
-                if record or replay else None
-            # right padding needs no key mask (real queries never see the pads after them): on CUDA the mask is
-            # dropped so SDPA takes its flash kernel; on CPU it stays (CPU results stay bitwise)
-            key_mask = None if ids.is_cuda else attn[rows]
-            with torch.set_grad_enabled(grad), use_routing(self.model, routing):
-                logits = self.model(ids[rows], attention_mask=key_mask)  # (n, L, V)
-                logits = logits.gather(1, pos[rows, :, None].expand(-1, -1, V)).float()  # (n, T, V)
-                # the sampler's processed distribution (temperature, top-p), so aligned engines compare like with like
-                logp_all = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (n, T, V) fp32
-                logp_parts.append(logp_all.gather(-1, targets[rows, :, None])[..., 0])  # (n, T)
-                if with_entropy:
-                    plogp = torch.where(torch.isfinite(logp_all), logp_all.exp() * logp_all, 0.0)  # 0·log 0 = 0
-                    out.entropy[rows] = -plogp.sum(-1).detach()
-            if with_argmax:
-                out.argmax[rows] = logits.argmax(dim=-1)
-            if sampler_rows is not None:
-                for i in range(s, min(s + step, N)):  # row by row: one (R_i, V) sampler row set at a time
-                    R = len(response_ids[i])
-                    lp_l = logp_all[i - s, :R].detach()  # (R, V)
-                    out.kl_full_vocab[i, :R] = full_vocab_kl(sampler_rows[i].to(lp_l.device), lp_l)
-            if record:
-                self._keep_routes(out, routing, layers, prompt_ids[rows], response_ids[rows], replay)
+        with use_profile(self.model, self.profile):
+            for s in range(0, N, step):
+                rows = slice(s, s + step)
+                routing = Routing(record=record, replay=replay_tables(padded[rows], layers) if replay else None) \
+                    if record or replay else None
+                # right padding needs no key mask (real queries never see the pads after them): on CUDA the mask is
+                # dropped so SDPA takes its flash kernel; on CPU it stays (CPU results stay bitwise)
+                key_mask = None if ids.is_cuda else attn[rows]
+                with torch.set_grad_enabled(grad), use_routing(self.model, routing):
+                    logits = self.model(ids[rows], attention_mask=key_mask)  # (n, L, V)
+                    logits = logits.gather(1, pos[rows, :, None].expand(-1, -1, V)).float()  # (n, T, V)
+                    # the sampler's processed distribution (temperature, top-p): aligned engines compare like with like
+                    logp_all = processed_logprobs(logits, temperature=temperature, top_p=top_p)  # (n, T, V) fp32
+                    logp_parts.append(logp_all.gather(-1, targets[rows, :, None])[..., 0])  # (n, T)
+                    if with_entropy:
+                        plogp = torch.where(torch.isfinite(logp_all), logp_all.exp() * logp_all, 0.0)  # 0·log 0 = 0
+                        out.entropy[rows] = -plogp.sum(-1).detach()
+                if with_argmax:
+                    out.argmax[rows] = logits.argmax(dim=-1)
+                if sampler_rows is not None:
+                    for i in range(s, min(s + step, N)):  # row by row: one (R_i, V) sampler row set at a time
+                        R = len(response_ids[i])
+                        lp_l = logp_all[i - s, :R].detach()  # (R, V)
+                        out.kl_full_vocab[i, :R] = full_vocab_kl(sampler_rows[i].to(lp_l.device), lp_l)
+                if record:
+                    self._keep_routes(out, routing, layers, prompt_ids[rows], response_ids[rows], replay)
         if logp_parts:
             out.logp = torch.cat(logp_parts)  # keeps the graph when grad
         return out

@@ -3,8 +3,8 @@
 What: `Sampler(model, profile).generate(prompts, ...)` returns a `Rollout` with the sampled response tokens, the
 log-probability the sampler gave each of them, and the sampler's own argmax token at each step (for the
 argmax-flip diagnostic); optionally each step's full processed log-prob row. The model object is the learner's
-(weights as after a weight sync); the sampler puts its profile on it before running, so "same weights, different
-execution" is literally one module tree under two profiles.
+(weights as after a weight sync); the sampler runs it under its profile for the call (`use_profile`, restored
+afterwards), so "same weights, different execution" is literally one module tree under two profiles.
 
 This module is the REFERENCE: a plain loop, one host sync per row per step. `engines.fast_sampler` runs the same
 computation with static buffers, no per-token host sync and a CUDA graph per batch bucket; tests show the two
@@ -32,8 +32,8 @@ How it runs (the way vLLM / SGLang serve a batch, reduced to its numerics):
   the row's seed derive_seed(seed, prompt index) at counter (vocab index, step). Noise is a pure function of
   (seed, prompt index, step, token), computed for the whole batch at once on the device: a row's tokens do not
   depend on which other prompts share its batch, *as long as its logits do not* (per-tensor activation scales and
-  pads make the logits themselves batch-dependent — a numerics effect, kept on purpose). (Until this change the
-  noise came from one torch.Generator per row: same distribution, different bits, CPU != CUDA.)
+  pads make the logits themselves batch-dependent — a numerics effect, kept on purpose). A torch.Generator per row
+  would give the same distribution but other bits on CPU and CUDA.
 - A row stops at the first stop token (kept in the response) or after `max_new_tokens` (finished = False).
 
 - Only when asked (memory): `record_routes` keeps the expert ids every MoE layer executed for every token the
@@ -52,7 +52,7 @@ import torch
 
 from minite_core.engines.batching import pack_left
 from minite_core.kernels import dispatch
-from minite_core.model import KVCache, set_profile
+from minite_core.model import KVCache, use_profile
 from minite_core.model.routing import NOT_ROUTED, Routing, moe_layers, stack_calls, use_routing
 from minite_core.profiles import Profile, get_profile
 from minite_core.seeds import derive_seed
@@ -212,8 +212,13 @@ class Sampler:
         Rollout.routes / Rollout.logprob_rows."""
         check_generate_args(prompts, max_new_tokens, temperature, top_p)
         self.model.config.check_tokens(prompts, new_tokens=max_new_tokens, what="prompt")
-        set_profile(self.model, self.profile)
         self.model.eval()
+        with use_profile(self.model, self.profile):
+            return self._generate(prompts, max_new_tokens, temperature, top_p, stop_ids, seed, batch_size,
+                                  record_routes, keep_logprob_rows)
+
+    def _generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seed, batch_size, record_routes,
+                  keep_logprob_rows) -> Rollout:
         batch_size = batch_size or len(prompts)
         record_routes = record_routes and bool(moe_layers(self.model))  # a dense model has nothing to route
         out = Rollout([list(p) for p in prompts], [], [], [], [], routes=[] if record_routes else None,
@@ -282,8 +287,11 @@ class Sampler:
         -> (logp (N, T) fp32, mask (N, T), argmax (N, T)), the Learner.logprobs layout (masked: finite junk)."""
         if len(prompts) != len(responses) or any(len(p) == 0 for p in prompts):
             raise ValueError("score needs one non-empty prompt per response")
-        set_profile(self.model, self.profile)
         self.model.eval()
+        with use_profile(self.model, self.profile):
+            return self._score(prompts, responses, temperature, top_p, max_new_tokens)
+
+    def _score(self, prompts, responses, temperature, top_p, max_new_tokens):
         dev, n, T = self.device, len(prompts), max(map(len, responses), default=0)
         rows = batch_bucket(n)
         ids, real = batch_layout(prompts, rows, dev)  # (rows, P)

@@ -69,8 +69,10 @@ def _by_level(samples: dict[str, list[dict]], metrics: dict[str, list[str]]) -> 
 
 def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | None = None, calib=None,
              dtype: str = "auto", batch_size: int = 8, device: str = "cpu", spec: dict | None = None,
-             tasks_dir=None, calib_n: int = 32, recalibrate: bool = False, seed: int = 0) -> dict:
-    """Build the tasks, evaluate, and return `{"metrics", "by_level", "n_docs", "calibration", "samples"}`."""
+             tasks_dir=None, calib_n: int = 32, recalibrate: bool = False, seed: int = 0,
+             engine: str | None = None) -> dict:
+    """Build the tasks, evaluate, and return `{"metrics", "by_level", "n_docs", "calibration", "samples"}`.
+    engine: the rollout engine of generation tasks (None: automatic for the device)."""
     # fully offline: `datasets` reads these when first imported, which is inside simple_evaluate's task loading
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -87,7 +89,7 @@ def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | Non
         folder = build_tasks(data_dir / HELDOUT, tasks_dir or tmp, task_spec, tasks, limit)
         lm = MiniteLM(pretrained=str(checkpoint), profile=profile, dtype=dtype, batch_size=batch_size,
                       device=device, tokenizer=str(tokenizer), calib=str(calib) if calib else None,
-                      calib_n=calib_n, recalibrate=recalibrate, seed=seed)
+                      calib_n=calib_n, recalibrate=recalibrate, seed=seed, engine=engine)
         res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=task_manager(folder),
                                       log_samples=True, bootstrap_iters=1000)  # > 0: closed-form stderrs
 
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run_eval(checkpoint=args.checkpoint, profile=args.profile, data_dir=args.data_dir, tasks=tasks,
                    limit=args.limit, calib=args.calib, dtype=args.dtype, batch_size=args.batch_size,
                    device=args.device, spec=spec, tasks_dir=args.tasks_dir, calib_n=args.calib_n,
-                   recalibrate=args.recalibrate, seed=args.seed)
+                   recalibrate=args.recalibrate, seed=args.seed, engine=args.execution.sampler_engine)
     config = {"checkpoint": str(args.checkpoint), "run": args.run or _run_name(Path(args.checkpoint)),
               "profile": args.profile, "dtype": args.dtype, "tasks": list(out["n_docs"]), "limit": args.limit,
               "calib": args.calib, "calib_n": args.calib_n, "recalibrate": args.recalibrate,

@@ -1,7 +1,7 @@
 """`minite`: an lm-eval model that scores a checkpoint under one execution profile.
 
 What: `lm_eval.simple_evaluate(model="minite", model_args="pretrained=DIR,profile=NAME,...")` loads the checkpoint
-with our `load_pretrained`, puts the named profile on it (`set_profile`) and answers lm-eval's three request types:
+with our `load_pretrained`, runs it under the named profile (`use_profile`) and answers lm-eval's three request types:
 - `loglikelihood` (multiple choice): one right-padded full-sequence forward per batch, log-softmax in fp32, the sum
   of the continuation's token log-probs + whether greedy decoding would produce it;
 - `loglikelihood_rolling` (perplexity): lm-eval's disjoint rolling windows over the string, scored the same way;
@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.engines.fast_sampler import make_sampler
-from minite_core.model import load_pretrained, set_profile
+from minite_core.model import load_pretrained, use_profile
 from minite_core.nn import is_calibrated
 from minite_core.profiles import Profile, get_profile
 from minite_core.task.jsonl import read_jsonl
@@ -79,7 +79,7 @@ class MiniteLM(TemplateLM):
     def __init__(self, pretrained: str, profile: str = "bf16", dtype: str = "auto", batch_size: int | str = 8,
                  max_batch_size: int | None = None, device: str | None = None, tokenizer: str | None = None,
                  calib: str | None = None, calib_n: int = 32, max_length: int | None = None,
-                 recalibrate: bool = False, max_gen_toks: int = 256, seed: int = 0):
+                 recalibrate: bool = False, max_gen_toks: int = 256, seed: int = 0, engine: str | None = None):
         super().__init__()
         del max_batch_size  # lm-eval passes it for "auto" batch sizing, which we do not implement
         if str(batch_size).startswith("auto"):
@@ -96,8 +96,8 @@ class MiniteLM(TemplateLM):
             raise ValueError(f"minite: tokenizer has {len(self.tokenizer)} tokens > model vocab "
                              f"{self.model.config.vocab_size}")
         self.seed = int(seed)
+        self.engine = engine or None  # the rollout engine of generate_until (None: automatic for the device)
         self.calibration = self._calibrate(calib, int(calib_n), _flag(recalibrate))
-        set_profile(self.model, self.profile)
         self._max_length = int(max_length) if max_length else self.model.config.max_position_embeddings
         self._max_gen_toks = int(max_gen_toks)
 
@@ -114,8 +114,8 @@ class MiniteLM(TemplateLM):
                 f"minite: profile {self.profile.name!r} uses static (calibrated) activation scales, but checkpoint "
                 f"{self.pretrained} carries none: pass calib=PATH.jsonl (e.g. the task's train split) in model_args "
                 "or --calib to `minite eval`")
-        set_profile(self.model, self.profile)  # calibrate in the profile's compute dtype, as the exporter would
-        info = calibrate_on_examples(self.model, self.tokenizer, read_jsonl(calib), n=n, seed=self.seed)
+        with use_profile(self.model, self.profile):  # in the profile's compute dtype, as the exporter calibrates
+            info = calibrate_on_examples(self.model, self.tokenizer, read_jsonl(calib), n=n, seed=self.seed)
         return {"source": str(calib), "n": n, **info}
 
     # ---- TemplateLM plumbing -----------------------------------------------------------------------------------
@@ -171,7 +171,8 @@ class MiniteLM(TemplateLM):
             for b, inp in enumerate(inps):
                 ids[b, :len(inp)] = torch.tensor(inp, dtype=torch.long)
             # right padding never reaches a real position through causal attention: no mask needed (as hf)
-            logp = F.log_softmax(self.model(ids.to(self._device)).float(), dim=-1)  # (B, L, V)
+            with use_profile(self.model, self.profile):
+                logp = F.log_softmax(self.model(ids.to(self._device)).float(), dim=-1)  # (B, L, V)
             for b, i in enumerate(idx):
                 lo, hi = spans[b]
                 cont = torch.tensor(requests[i][2], dtype=torch.long, device=self._device)
@@ -207,7 +208,7 @@ class MiniteLM(TemplateLM):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
         eos_text = self.tokenizer.decode([self.eot_token_id], skip_special_tokens=False)
         out: list[str | None] = [None] * len(requests)
-        sampler = make_sampler(self.model, self.profile, device=self._device)
+        sampler = make_sampler(self.model, self.profile, engine=self.engine, device=self._device)
         for members in groups.values():
             kwargs = normalize_gen_kwargs(requests[members[0]].args[1], self.max_gen_toks)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)

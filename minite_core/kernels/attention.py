@@ -16,16 +16,16 @@ depends only on that row's keys:
 Output: acc / l rounded once to the input dtype (bf16 RNE). GQA: query head h reads kv head h // (H / Hkv).
 Softmax scale 1/sqrt(Dh), as SDPA's default.
 
-Tiled variants (`kernel="tile"` / MINITE_ATTENTION=tile, or "tile-bf16x3", the default). The per-query kernel
-reloads every key for every query: on the H200 it ran 47x slower than "tile-bf16x3" (results/notes/
-h200-tiled-attention-1f4f47b.log) and held the on-policy learner update at 0.25x minite's tokens/s. Here
-one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
+Tiled variants (`kernel="tile"`, or "tile-bf16x3", the default; the profile knob `attention_kernel` picks one).
+The per-query kernel reloads every key for every query: on the H200 it ran 47x slower than "tile-bf16x3"
+(results/notes/h200-tiled-attention-1f4f47b.log) and held the on-policy learner update at 0.25x minite's tokens/s.
+Here one program serves BLOCK_M consecutive queries of one (batch row, head) and loads each key block once:
 - one compiled binary for every call: the same constexprs (BLOCK_M, BLOCK_N, BLOCK_D, num_warps), T, S, H and
   `has_mask` unspecialized (`do_not_specialize`: T = 1 would otherwise compile its own binary), the mask read at run
   time and an int8 dummy mask pointer without one. So a decode call (one live row, the rest masked) and the learner's
   unmasked call run the code of a masked learner call (q, k, v copied when a view is not 16-byte aligned: Triton
-  specializes pointers on it). (At 1f4f47b the mask was a constexpr: the H200 gave a row other fp32 bits in the
-  unmasked build than in the masked one, though the PTX looked alike.) Every reduction is per row: scores
+  specializes pointers on it). With the mask a constexpr, the H200 gave a row other fp32 bits in the unmasked
+  build than in the masked one, though the PTX looked alike (the log above). Every reduction is per row: scores
   tl.dot(q_tile, kᵀ) (bf16 in, fp32 accumulate: each score is its own q·k dot in a fixed k order — an MMA couples no
   rows; gemm.py's invariant GEMM rests on the same fact), max and sum along the row, p·v tl.dot in fp32 with
   input_precision="ieee" (FMA, no TF32), per element a fixed k-order chain (read in the sm90 PTX: q·kᵀ is a wgmma, p·v
@@ -49,7 +49,8 @@ one program serves BLOCK_M consecutive queries of one (batch row, head) and load
 per thread per key block) is likely "tile"'s bottleneck (not measured yet); three bf16 dots of p's exact split keep
 exact products.
 The kernels are each invariant but differ from each other (their sums are ordered differently): learner and
-sampler must run the same one (one env var, read at each call; a CUDA graph keeps the one it captured).
+sampler must run the same one, so it is a profile knob (`Profile.attention_kernel`; a CUDA graph keeps the one it
+captured).
 
 The plain reference (`kernels.reference.attention_reference`) is fp32 masked softmax attention (SDPA's math): the
 kernel agrees with it to fp32 rounding, not bitwise (its sums are tl.sum trees). Backward: autograd through the
@@ -60,7 +61,6 @@ Shape legend: B = batch, H = query heads, Hkv = kv heads, T = queries, S = key s
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -68,12 +68,11 @@ import triton.language as tl
 
 from minite_core.kernels.gemm import _dot_rows
 from minite_core.kernels.interpret import INTERPRET  # its import patches the interpreter
+from minite_core.profiles import ATTENTION_KERNELS as KERNELS
 
 BLOCK_N = 32  # keys per block: fixed for every shape (the invariance contract)
 BLOCK_M = 64  # queries per program of the tiled kernel: fixed likewise (64 = one Hopper wgmma M; not tuned yet)
-KERNELS = ("row", "tile", "tile-bf16x3")  # per-query | tiled, fp32 FMA p·v | tiled, 3 bf16 tensor-core p·v
-DEFAULT_KERNEL = "tile-bf16x3"  # the fastest; "row" is the plain one (its H200 k3 = 0 at f4f5852)
-ENV_VAR = "MINITE_ATTENTION"
+DEFAULT_KERNEL = "tile-bf16x3"  # Profile.attention_kernel's default: the fastest; "row" is the plain one
 
 
 @triton.jit
@@ -217,11 +216,10 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def attention_kernel(kernel: str | None = None) -> str:
-    """kernel, else env MINITE_ATTENTION, else DEFAULT_KERNEL; checked. The learner and the sampler must run the
-    same one."""
-    name = kernel or os.environ.get(ENV_VAR) or DEFAULT_KERNEL
+    """kernel (a profile's `attention_kernel`), else DEFAULT_KERNEL; checked."""
+    name = kernel or DEFAULT_KERNEL
     if name not in KERNELS:
-        raise ValueError(f"unknown attention kernel {name!r} (argument or ${ENV_VAR}); one of {list(KERNELS)}")
+        raise ValueError(f"unknown attention kernel {name!r}; one of {list(KERNELS)}")
     return name
 
 
@@ -263,10 +261,10 @@ class InvariantAttention(torch.autograd.Function):
     """Forward: `attention_triton`; backward: autograd through `attention_reference` (fp32), recomputed."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask):
+    def forward(ctx, q, k, v, mask, kernel: str | None = None):
         ctx.save_for_backward(q, k, v)
         ctx.mask = mask
-        return attention_triton(q, k, v, mask)  # the kernel `attention_kernel` names
+        return attention_triton(q, k, v, mask, kernel=kernel)
 
     @staticmethod
     def backward(ctx, do):
@@ -278,4 +276,4 @@ class InvariantAttention(torch.autograd.Function):
             o = attention_reference(qf, kf, vf, ctx.mask)
             inputs = [t for t in (qf, kf, vf) if t.requires_grad]
             grads = iter(torch.autograd.grad(o, inputs, do.float()))
-        return tuple(next(grads).to(t.dtype) if t.requires_grad else None for t in (q, k, v)) + (None,)
+        return tuple(next(grads).to(t.dtype) if t.requires_grad else None for t in (q, k, v)) + (None, None)

@@ -15,7 +15,7 @@ Two implementations, chosen by measurement on the H200 (results/h200/bench/kerne
   M=16384 N=K=4096: GEMM 0.832 ms (661 TFLOP/s) vs bf16 F.linear 0.742 ms (741); 8192^3: 1.518 vs 1.453 ms.
 - `gemm_triton`: Triton tiled GEMM (tl.dot -> wgmma) with the scale epilogue fused. Default tile 128x256x64,
   3 stages, 8 warps: 0.956 ms at 16384x4096x4096 (575 TFLOP/s), 1.704 ms at 8192^3; sweep best 128x256x64
-  with 4 stages 0.876 ms; 128x256x64 with 4 warps spills (6.1 ms). -> dense GEMM: cuBLAS (dispatch.HOPPER_GEMM).
+  with 4 stages 0.876 ms; 128x256x64 with 4 warps spills (6.1 ms). -> dense GEMM: cuBLAS (gemm_ops.gemm).
 - Grouped (MoE) GEMMs live in `kernels/grouped.py`.
 Whole W4A4 linear forward (activation row-dynamic quantize emitting the bf16 copy + GEMM + scales, weights
 prepared): 1.074 ms = 1.45x bf16 at 16384x4096x4096 (target <= 1.10x: NOT met); 1.846 ms = 1.27x at 8192^3.

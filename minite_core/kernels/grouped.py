@@ -35,7 +35,7 @@ from minite_core.kernels.operands import DqOperand
 # 128-128-64 w8 s4 2.21; 64-128-64 w4 s4 2.17; 128-128-128 w8 s3 2.27 (torch._grouped_mm bf16: 1.28 ms).
 GROUPED_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
 # wgrad sweep (H200, T16384x8 E128, 2026-12-03): 128-256-64 w8 s3 gate_up 1.72 ms / down 0.93 (0.78x / 0.76x
-# _grouped_mm); 128-128-64 w8 s4 (the old default) 2.81 / 1.43; 64-128-64 w4 s4 2.43 / 1.31;
+# _grouped_mm); 128-128-64 w8 s4 2.81 / 1.43; 64-128-64 w4 s4 2.43 / 1.31;
 # 128-128-128 w8 s3 2.59 / 1.44
 KGROUPED_CONFIG = dict(BLOCK_N=128, BLOCK_K=256, BLOCK_T=64, num_warps=8, num_stages=3)
 SMALL = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)  # interpreter / tiny shapes

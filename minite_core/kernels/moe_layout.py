@@ -1,7 +1,7 @@
 """The MoE layout (`nn.moe_layout.MoELayout`) of small routings in one Triton launch.
 
 Why: at decode the torch layout is ~30 tiny ops (scatter_add, argsort, cumsums, gathers, scatters, searchsorted),
-~30 kernels per MoE layer of the CUDA graph at ~1.5 us each (issue 17), for a few hundred assignments. Here one
+~30 kernels per MoE layer of the CUDA graph at ~1.5 us each, for a few hundred assignments. Here one
 program (one SM) builds every tensor of the layout; the work is O(N·k·E + Tp·E) compares, so the dispatcher sends
 only small routings (`fits`: N·k <= MAX_ASSIGN, E <= MAX_EXPERTS); the learner's shapes keep the torch code.
 

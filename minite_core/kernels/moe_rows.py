@@ -5,9 +5,9 @@ Shape legend: N = tokens, k = experts per token, D = hidden, Tp = padded routed 
 of each (token, rank), src (Tp,) the token of each padded row (N for pad rows).
 
 Why: in torch ops these are gathers, casts, broadcast multiplies and reductions, each a pass over the (N, k, D)
-routed rows. At one 8-GPU node rank's shape (4,096 tokens, H200, results/h200/extra/session11) combine's forward
-alone was three kernels and 0.44 ms a layer, its fp32 (N, k, D) product written once and read back; the backwards
-added a gather, an index_put over a zeroed buffer, a cast and two reductions. Here each direction of each op is one
+routed rows. At one 8-GPU node rank's shape (4,096 tokens, H200; results/h200/bench/NOTES.md, row 23) combine's
+forward alone was three kernels and 0.44 ms a layer, its fp32 (N, k, D) product written once and read back; the
+backwards added a gather, an index_put over a zeroed buffer, a cast and two reductions. Here each direction of each op is one
 launch that reads its rows once and writes its result once: permute 2 launches -> 1, its backward 3 -> 1, combine
 3 -> 1, its backward ~6 -> 1.
 
@@ -16,7 +16,7 @@ P = the promoted dtype of (y_pad, top_w): the router dtype decides (fp32 router:
 - permute: a copy (pad rows zero); backward dx[t] = Σ_j fp32(g[dest[t, j]]) in rank order, rounded to g's dtype.
 - combine: out[t] = Σ_j fp32(P(y[dest[t, j]] · w[t, j])) in rank order, fp32. torch sums a (N, k, D) tensor over
   k in rank order on the CPU, so the forward is bitwise the CPU reference. torch's CUDA reduction adds in another
-  order (on the H200, 4.8 M of 8.4 M sums at one node rank's shape differed), so on a GPU the old torch path and this
+  order (on the H200, 4.8 M of 8.4 M sums at one node rank's shape differed), so on a GPU the torch spelling and this
   one differ in fp32 summation order.
 - combine's backward, as autograd runs it: gP = P(g) (the `.float()` cast's backward); dy[dest[t, j]] =
   y_dtype(P(gP · w[t, j])), pad rows 0, bitwise; dw[t, j] = W(P(Σ_d P(gP[d] · y[d]))), the sum in fp32 in this

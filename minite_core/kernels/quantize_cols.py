@@ -9,10 +9,10 @@ How: a program owns G = BLOCK_T / 16 token blocks x BLOCK_C channels and holds t
 separate (G, BLOCK_C) tensors, each loaded coalesced along C. Everything along T is then elementwise across those
 16 tensors: the RHT butterfly (pairs of tensors), the block amax (a max of 16), the codes of a block and their
 packing (8 bytes of one block = one int64 word of xᵀ's row; the bf16 copy: 4 tokens per int64 word). No value
-crosses threads — the previous version reshaped a [BLOCK_T, BLOCK_C] tile into [G, 16, BLOCK_C] for the butterfly,
-the block amax and the packing, and each reshape, transpose and split was a trip through shared memory: on the
-H200 at Qwen3-30B-A3B shapes (4 layers, 16,384 tokens) one learner step spent 187 ms in TE-NVFP4's RHT amax and
-quantize passes and 42 ms in minite's (probe of 2026-12-02; the rewrite's numbers are in bench/NOTES.md).
+crosses threads. Reshaping a [BLOCK_T, BLOCK_C] tile into [G, 16, BLOCK_C] for the butterfly, the block amax and
+the packing instead makes each reshape, transpose and split a trip through shared memory: on the H200 at
+Qwen3-30B-A3B shapes (4 layers, 16,384 tokens) that layout cost a learner step 187 ms in TE-NVFP4's RHT amax and
+quantize passes and 42 ms in minite's (results/h200/bench/NOTES.md has the measurements of this kernel).
 
 One read for a forward linear (`quantize_rows_cols_triton`, ROWS): the 16 token tensors a program holds are also
 x's rows, so the same pass emits x's row-wise codes (1×16 along C, RNE, global scale per token or per tensor) with

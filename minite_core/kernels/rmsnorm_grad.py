@@ -4,7 +4,7 @@ Why: in torch ops an RMSNorm with gradient is ~8 kernels forward (fp32 upcast, x
 downcast, weight multiply) and ~15 backward, each a pass over fp32 copies of x, four norms a layer (q- and
 k-norm over every head). On the H200, at the learner bench's 6 layers and 16,384 tokens, they were ~24 ms of a
 minite step's kernels forward and ~30 ms more recomputed and differentiated in backward
-(results/h200/extra/session12/kernel-sites-L6.json, the `recompute.py` and `qwen3_moe.py:75-78` rows).
+(results/h200/bench/NOTES.md, row 24).
 
 Forward, bitwise `model.qwen3_moe.RMSNorm.reference` on the GPU: xf = x.float() [+ residual.float()] and
 ms = mean(xf²) stay torch's own ops (the mean's summation order is the reference's bits, and the sampler's: a fused

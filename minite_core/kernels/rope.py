@@ -1,4 +1,4 @@
-"""RoPE in one launch (issue 17): `model.qwen3_moe.apply_rope` bitwise, forward only.
+"""RoPE in one launch: `model.qwen3_moe.apply_rope` bitwise, forward only.
 
 Why: the plain reference `x * cos + rotate_half(x) * sin` is ~10 elementwise kernels per call (chunk/neg/cat, two
 multiplies, an add, casts), called for q and k in every layer; a decode step is hundreds of ~1.5 us kernels in a

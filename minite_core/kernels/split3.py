@@ -3,7 +3,7 @@
 Why: the torch spelling is 7 launches and ~12 passes over the tensor. Under `minite` the LM head's fp32 logit
 gradient is split every step: at 4,096 tokens and a 151,936 vocabulary that is a 2.5 GB fp32 tensor. On the H200,
 one 4-layer step of one node rank spent 14.4 ms in split3 and 5.7 ms adding split-GEMM terms, out of 125 ms
-of kernels (results/h200/extra/session11/kernel-sites-L4-99ba172.log). Here the tensor is read once and the
+of kernels (results/h200/bench/NOTES.md, row 22). Here the tensor is read once and the
 pieces are written once.
 
 Arithmetic, the reference's: t1 = bf16(t), r = t - t1, t2 = bf16(r), t3 = bf16(r - t2). The casts round to

@@ -3,7 +3,7 @@
 Why: in torch ops it is a silu and a multiply forward, and in backward two multiplies, silu's backward and (for
 the experts' [gate | up] GEMM output, split with `chunk`) a cat of the two halves' gradients; under the NVFP4
 learners' `recompute_elementwise` the forward runs twice. On the H200 at the learner bench's 6 layers that was
-~12 ms of a minite step's kernels (results/h200/extra/session12/kernel-sites-L6.json). Here the forward reads gate
+~12 ms of a minite step's kernels (results/h200/bench/NOTES.md, row 25). Here the forward reads gate
 and up once and writes h; the backward reads gate, up and dh once and writes both gradients, into one [dgate | dup]
 buffer when the input was one [gate | up] tensor. Only the input is saved (what the recompute knob saves).
 

@@ -165,7 +165,7 @@ def to_hf_state_dict(model: CausalLM, dtype: torch.dtype | None = None) -> dict[
 def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> CausalLM:
     """A CausalLM from a transformers checkpoint directory; parameters in `dtype` (fp32 masters by default).
-    The compute precision is the profile's (`set_profile`), independent of `dtype`."""
+    The compute precision is the profile's (`use_profile`), independent of `dtype`."""
     path = Path(path)
     config = ModelConfig.from_hf(read_config(path))
     raw = read_safetensors(path, device)

@@ -47,7 +47,8 @@ from minite_core.model.io import (CONFIG_NAME, WEIGHTS_NAME, check_finite, read_
 from minite_core.model.qwen3_moe import CausalLM
 from minite_core.kernels import dispatch
 from minite_core.nn import GroupedLinear, QuantLinear, gemm_modules
-from minite_core.nn.linear import fused_weight_amax, gemm_nt
+from minite_core.nn.arithmetic import gemm_nt
+from minite_core.nn.operands import fused_weight_amax
 from minite_core.profiles import Profile, get_profile
 from minite_core.results import atomic_write_bytes
 
@@ -377,7 +378,7 @@ class pinned_weights:
     (shared q/k/v scales, or a checkpoint made by another tool) the weight must not be re-quantized (NVFP4
     re-quantization is not idempotent). Implemented with forward hooks that replace the module's output with nn's
     own W4A4 step on the pinned weight: the activation through `kernels.dispatch.quantize` with the profile's
-    spec, the GEMM through `nn.linear.gemm_nt` (the same calls QuantLinear makes; no second GEMM here).
+    spec, the GEMM through `nn.arithmetic.gemm_nt` (the same calls QuantLinear makes; no second GEMM here).
     Only QuantLinear (dense models); GroupedLinear experts are not pinned (vLLM CPU has no NVFP4 MoE either)."""
 
     def __init__(self, model: CausalLM, weights: dict):

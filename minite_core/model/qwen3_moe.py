@@ -12,7 +12,7 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   (`nn.moe_layout`, the grouped-GEMM layout the kernels take) instead of transformers' per-expert gather loop.
 - The top-k expert outputs of a token are summed in fp32 in rank order (deterministic); transformers
   index_adds them in the hidden dtype in expert order. Identical in fp32 up to rounding.
-- Precision comes from the profile (`set_profile`), not from the parameter dtype: parameters stay in whatever
+- Precision comes from the profile (`use_profile`, model/profile_scope.py), not from the parameter dtype: parameters stay in whatever
   dtype they were loaded in (fp32 masters for training) and are cast per op. Embeddings, norms, RoPE and
   attention run in `profile.dtype`; the router GEMM in `profile.router_dtype` (softmax always fp32, as
   transformers); the LM head in `profile.lm_head_dtype`; logits are returned in fp32.
@@ -39,10 +39,10 @@ from minite_core.kernels import dispatch
 from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
-from minite_core.nn.linear import cast_weight, torch_dtype
+from minite_core.nn.operands import cast_weight, torch_dtype
 from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
 from minite_core.nn.recompute import recompute
-from minite_core.profiles import PROFILES, Profile, get_profile
+from minite_core.profiles import PROFILES, Profile
 
 
 class RMSNorm(nn.Module):
@@ -52,8 +52,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.batch_invariant = False  # profile knob (set_profile): the one-program-per-row kernel on the fast path
-        self.recompute = False  # profile knob recompute_elementwise (set_profile): save x, redo the ops in backward
+        self.batch_invariant = False  # profile knob: the one-program-per-row kernel on the fast path
+        self.recompute = False  # profile knob recompute_elementwise: save x, redo the ops in backward
         self.weight_cache: dict = {}  # the weight cast to the activation dtype, once per version (no-grad calls)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -158,7 +158,7 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         if p.batch_invariant:  # profile knob: one kernel for learner, prefill, decode (kernels/attention.py)
-            o = dispatch.attention(q, k, v, mask)  # fp32 inside, q's dtype out (RNE)
+            o = dispatch.attention(q, k, v, mask, kernel=p.attention_kernel)  # fp32 inside, q's dtype out (RNE)
             return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
                                            is_causal=mask is None, enable_gqa=self.num_heads != self.num_kv_heads)
@@ -304,7 +304,7 @@ class CausalLM(nn.Module):
         self.lm_head = QuantLinear(config.hidden_size, config.vocab_size, role="lm_head")
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # [V, D] is Linear's [out, in]
-        self.profile: Profile = PROFILES["bf16"]  # QuantLinear's default; set_profile changes both together
+        self.profile: Profile = PROFILES["bf16"]  # QuantLinear's default; use_profile changes both together
 
     def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
@@ -385,21 +385,3 @@ class CausalLM(nn.Module):
                 p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
         return self
 
-
-def set_profile(model: CausalLM, profile: Profile | str) -> CausalLM:
-    """Put `profile` on the model and every GEMM: decoder layer i gets `profile.for_layer(i, L)` (boundary layers
-    drop to high precision), the LM head gets `profile` itself (its role picks lm_head_dtype)."""
-    profile = get_profile(profile)
-    model.profile = profile
-    L = model.config.num_hidden_layers
-    for i, layer in enumerate(model.model.layers):
-        layer_profile = profile.for_layer(i, L)
-        for module in layer.modules():
-            if isinstance(module, (QuantLinear, GroupedLinear)):
-                module.profile = layer_profile
-    model.lm_head.profile = profile
-    for module in model.modules():
-        if isinstance(module, RMSNorm):
-            module.batch_invariant = profile.batch_invariant
-            module.recompute = profile.recompute_elementwise
-    return model

@@ -29,9 +29,11 @@ from torch import nn
 
 from minite_core.formats.nvfp4 import NVFP4Tensor
 from minite_core.kernels import dispatch
-from minite_core.kernels.operands import DqOperand, PackedExperts
+from minite_core.kernels.dispatch import DqOperand, PackedExperts
 from minite_core.nn import nonfinite
-from minite_core.nn.linear import cache_context, linear, torch_dtype
+from minite_core.nn.arithmetic import linear_gemm
+from minite_core.nn.linear import linear
+from minite_core.nn.operands import cache_context, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
 from minite_core.nn.shard import current as current_shard
 from minite_core.profiles import PROFILES, Profile, Quant
@@ -48,9 +50,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
                                   "profile or one process for an MoE model")
-    # per-channel xᵀ scales (Profile.wgrad_input_scale_mode="row") and TE's reference GEMM (w4a4_gemm="te-ref")
-    # have no grouped kernel: the reference loop
-    if dispatch.fast_path(x) and profile.wgrad_input_scale_mode == "tensor" and profile.w4a4_gemm != "te-ref":
+    # an arithmetic without a grouped kernel (nn.arithmetic: TE's reference GEMM, vLLM's CPU kernel, per-channel xᵀ
+    # scales) runs the reference loop
+    if dispatch.fast_path(x) and (profile.weight is None or linear_gemm(profile).grouped):
         if profile.weight is None:  # no seeds, the cache holds this module's slice: expert_offset changes nothing
             return _grouped_bf16(x, weight, layout, profile, cache)
         if profile.activation is not None and profile.activation.static and input_amax is None:
@@ -202,9 +204,7 @@ def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=
         return dispatch.quantize_dq(x, spec, check=False, seg_seed=seg_seed)
     if spec.static:
         return dispatch.quantize_dq(x, spec, amax=input_amax, check=False, seg_seed=seg_seed)
-    from minite_core.kernels.quantize import row_amax
-
-    seg = _segment_amax(row_amax(x), layout.row_expert, layout.num_experts)
+    seg = _segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)
     return dispatch.quantize_dq(x, spec, scale_mode="row", amax=seg[layout.row_expert], check=False,
                                 seg_seed=seg_seed)
 
@@ -221,9 +221,7 @@ def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, 
     if spec is not None and spec.static:
         amax = input_amax
     elif spec is not None and spec.scale_mode == "tensor":
-        from minite_core.kernels.quantize import row_amax
-
-        amax = _segment_amax(row_amax(x), layout.row_expert, layout.num_experts)[layout.row_expert]
+        amax = _segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)[layout.row_expert]
     return dispatch.grouped_decode_gemm(x, w_p, layout.offs, spec, amax, x.dtype, schedule=schedule)
 
 
@@ -232,12 +230,10 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
     from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
     expert (E,))."""
-    from minite_core.kernels.quantize_cols import col_block_amax
-
     block_expert = layout.cache.get("block_expert")
     if block_expert is None:
         block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
-    seg = _segment_amax(col_block_amax(x, rht=rht, rht_dtype=rht_dtype), block_expert, layout.num_experts)  # (E,)
+    seg = _segment_amax(dispatch.col_block_amax(x, rht=rht, rht_dtype=rht_dtype), block_expert, layout.num_experts)  # (E,)
     seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
     t, dq = dispatch.quantize_cols(x, spec, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, col_amax=seg[block_expert],
                                    seg_seed=seg_seed)
@@ -250,7 +246,7 @@ class _GroupedNVFP4(torch.autograd.Function):
     def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset,
                 wgrad: bool):
         # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's
-        if profile.decode_gemm == "packed":
+        if linear_gemm(profile).packed:  # the packed-weight grouped GEMM (nn.arithmetic.Packed)
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
             w_op = _expert_weight(weight, profile.weight, cache, "n")
@@ -279,7 +275,7 @@ class _GroupedNVFP4(torch.autograd.Function):
     def backward(ctx, dy):
         weight, *x_t_parts = ctx.saved_tensors
         profile, layout = ctx.profile, ctx.layout
-        if profile.grad is None:
+        if not profile.can_learn:
             raise RuntimeError(f"profile {profile.name!r} has no backward (grad=None); it is a sampler profile")
         experts = torch.arange(layout.num_experts, dtype=torch.int64, device=dy.device) + ctx.expert_offset  # global
         seeds = ctx.seed + experts * EXPERT_SEED_STRIDE  # seeds.expert_seed(seed, e) for every e, on the device
@@ -311,7 +307,7 @@ class GroupedLinear(nn.Module):
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.expert_offset = 0  # global index of weight[0]: nonzero on an expert-parallel rank (engines.expert_parallel)
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
-        self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.linear._weight_operand
+        self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.operands.weight_operand
 
     def forward(self, x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         return grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,

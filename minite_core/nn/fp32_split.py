@@ -18,11 +18,11 @@ Two ways to issue the terms; the weight is split once per version, in one launch
   Σ_{j<=2-i} x_i @ W_jᵀ = [x_i | x_i | …] @ [… | W_2 | W_1]ᵀ, a suffix of the split weight. A bf16 x costs 1 GEMM
   forward, 3 for dgrad, 1 for wgrad. One GEMM a term took 3, 6 and 3, plus an fp32 add per term after the
   first, and at the node rank's head (4,096 tokens x 151,936) such an add moved 7.5 GB (forward) or 3.7 GB
-  (wgrad). On the H200 the head's forward + backward went from 62.0 to 45.6 ms
-  (results/h200/extra/session11/ab_split-head.json).
+  (wgrad). On the H200 the head's forward + backward take 45.6 ms grouped, 62.0 one GEMM a term
+  (results/h200/bench/NOTES.md, row 22).
 - narrow outputs (the router, N = 128): one GEMM a term (`mm_split`). There the grouping's copies of x and sums
   of (M, 3K) blocks cost more than the term adds it saves: grouped, the router's forward + backward took 1.09 ms
-  against 0.83 (results/h200/README.md, the eleventh session's calls 7-8).
+  against 0.83 (results/h200/bench/NOTES.md, row 22).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 
 from minite_core.formats.bf16x3 import split3
 from minite_core.kernels import dispatch
-from minite_core.kernels.operands import DqOperand
+from minite_core.kernels.dispatch import DqOperand
 
 _PAIRS = ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))  # i + j <= 2 (0-based): every term above 2^-24
 

@@ -66,13 +66,8 @@ def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
     """top_idx (N, k) expert ids -> the padded sorted layout (device ops only). Small routings on the fast path
     (decode) take one Triton launch (kernels/moe_layout.py, equal field by field); the rest, `moe_layout_reference`."""
     N, k = top_idx.shape
-    if dispatch.fast_path(top_idx):
-        from minite_core.kernels import moe_layout as kernel
-
-        if kernel.fits(N * k, num_experts):
-            fields = kernel.moe_layout_triton(top_idx, num_experts, padded_rows(N, k, num_experts))
-            return MoELayout(*fields, num_experts=num_experts)
-    return moe_layout_reference(top_idx, num_experts)
+    fields = dispatch.moe_layout(top_idx, num_experts, padded_rows(N, k, num_experts))
+    return moe_layout_reference(top_idx, num_experts) if fields is None else MoELayout(*fields, num_experts=num_experts)
 
 
 def moe_layout_reference(top_idx: torch.Tensor, num_experts: int) -> MoELayout:

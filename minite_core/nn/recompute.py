@@ -15,7 +15,7 @@ pass of memory-bound elementwise ops in backward.
 Bitwise: the forward runs the same torch ops on the same inputs (under no_grad, which picks the same kernels),
 and backward builds the same graph from the same inputs and runs autograd's own derivative formulas on it, so
 outputs and gradients are the plain path's bits (tests/test_recompute.py compares against the knob off, which
-runs `fn` directly: the code before this module existed).
+runs `fn` directly, the plain path).
 
 How it differs from `torch.utils.checkpoint`: the same idea, narrower. The forward builds no graph (no_grad), no
 RNG state is stashed (the regions draw no random numbers: a region that did would need checkpoint's

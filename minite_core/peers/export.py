@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from minite_core.engines.calibration import calibrate_on_examples
-from minite_core.model import load_pretrained, set_profile
+from minite_core.model import load_pretrained, use_profile
 from minite_core.model.nvfp4_io import export_nvfp4
 from minite_core.nn import is_calibrated
 from minite_core.profiles import get_profile
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         tok_dir = args.tokenizer or args.model
         if not (Path(tok_dir) / "tokenizer.json").exists():
             ap.error(f"--calib-jsonl needs a tokenizer: {tok_dir} has no tokenizer.json (pass --tokenizer DIR)")
-        set_profile(model, profile)
-        calibrate_on_examples(model, load_tokenizer(tok_dir), read_jsonl(args.calib_jsonl), n=args.calib_rows,
-                              seed=args.seed)
+        with use_profile(model, profile):
+            calibrate_on_examples(model, load_tokenizer(tok_dir), read_jsonl(args.calib_jsonl), n=args.calib_rows,
+                                  seed=args.seed)
     elif not is_calibrated(model):
         ap.error(f"{args.model} carries no calibrated activation scales: pass --calib-jsonl FILE (e.g. the task's "
                  "train.jsonl) to calibrate before the export")

@@ -37,7 +37,7 @@ writes results/<exp>/te/agreement.json (schema te/v1; every number measured in t
   cuTensorMapEncodeTiled returns CUDA_ERROR_INVALID_VALUE ("invalid argument") for a zero global dimension — an
   expert with no token — or a row stride that is not a multiple of 16 bytes. The probe tells which one it was.
 
-Our side runs with MINITE_KERNELS=reference by default (`--kernels`): the same numerics as Triton (tested
+Our side runs on the reference kernel backend by default (`--kernels`): the same numerics as Triton (tested
 bitwise), no compile per shape, and the only backend with 4over6. Shape legend: M tokens, K in, N out.
 """
 from __future__ import annotations
@@ -64,13 +64,14 @@ from minite_core.nn import QuantLinear
 from minite_core.peers import te_learner
 from minite_core.peers.te_learner import MODES, TELinear, TEMode, get_mode
 from minite_core.results import write_json, write_result
+from minite_core.runs.execution import Execution
 from minite_core.seeds import example_seed
 from minite_core.task.arithmetic import make_example
 from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer, encode
 
 STAGE = "te"
 NVFP4_MODES = ("nvfp4", "nvfp4-rowscaled", "nvfp4-4over6")
-GEMM_SHAPES = ((256, 512, 384), (1024, 2048, 768))  # issue 23's case; a Qwen3-30B-A3B expert (hidden x width)
+GEMM_SHAPES = ((256, 512, 384), (1024, 2048, 768))  # a small case; a Qwen3-30B-A3B expert (hidden x width)
 # the RL model of experiments/h200.yaml (its `pretrain:` shape, as rl.pretrain builds it), used when no
 # checkpoint is given; vocabulary: the task tokenizer's, rounded up to 16 (rl.pretrain's VOCAB_SIZE rule)
 H200_RL_MODEL = ModelConfig(vocab_size=-(-len(build_tokenizer()) // 16) * 16, hidden_size=256, intermediate_size=512,
@@ -82,8 +83,8 @@ H200_RL_MODEL = ModelConfig(vocab_size=-(-len(build_tokenizer()) // 16) * 16, hi
 
 @contextlib.contextmanager
 def kernels(backend: str | None):
-    """Run our side on kernel backend `backend` (None: the run's backend). Through dispatch.using_backend: the
-    dispatcher reads MINITE_KERNELS once, at import, so setting the variable here would change nothing."""
+    """Run our side on kernel backend `backend` (None: the run's backend), through dispatch.using_backend (the
+    command's execution installed the run's backend once, runs.execution)."""
     if backend is None:
         yield
         return
@@ -391,7 +392,8 @@ def run_main(a) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    backend = None if a.kernels == "env" else a.kernels
+    # "env": the run's backend, $MINITE_KERNELS or automatic, resolved and recorded as every command's (runs.execution)
+    backend = Execution.resolve(device=a.device).install().kernels if a.kernels == "env" else a.kernels
     metrics: dict = {}
     errors: dict = {}  # one failing piece is recorded, the rest still measured
 
@@ -448,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--std", type=float, default=0.1, help="init std of the random model (not flat logits)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--kernels", default="reference", choices=("reference", "triton", "env"),
-                   help="our side's kernel backend (env: leave MINITE_KERNELS as it is)")
+                   help="our side's kernel backend (env: $MINITE_KERNELS, else automatic)")
     r.add_argument("--skip-probe", action="store_true", help="no te.GroupedLinear probe")
     r.add_argument("--device", default="cuda", help="cuda (cpu only serves the tests' TE stand-in)")
     p = sub.add_parser("probe", help="te.GroupedLinear probes only (run by `run` in a subprocess)")

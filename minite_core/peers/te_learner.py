@@ -327,7 +327,7 @@ def build_te_model(model: CausalLM, mode: str | TEMode, *, share_weights: bool =
     memo = {id(p): p for p in model.parameters()} if share_weights else {}
     te_model = copy.deepcopy(model, memo)
     clear_weight_caches(te_model)
-    set_profile(te_model, mode.host)
+    set_profile(te_model, mode.host)  # the copy is built for this mode: its host profile is part of what it is
     for parent_name, parent in list(te_model.named_modules()):
         for child_name, child in list(parent.named_children()):
             name = f"{parent_name}.{child_name}" if parent_name else child_name

@@ -3,9 +3,10 @@
 What: `python -m minite_core.peers.vllm_compare run --out results/vllm-cpu` (in the vLLM peer venv) builds small
 random checkpoints, samples rollouts from them with real vLLM (`peers.vllm_trace capture`: vLLM's generation with
 every op recorded), scores the same tokens with our engines under several profiles, and writes one results-contract
-JSON per (engine, profile, sampler) pair (stage `vllm_peer`), the first-divergence traces, the ratios the issue
-asks for (`ratios.json`) and `summary.md`. Our two engines score vLLM's tokens: the learner (one full-sequence
-forward) and our sampler (`Sampler.score`: teacher-forced, generate's own prefill + cached-decode schedule).
+JSON per (engine, profile, sampler) pair (stage `vllm_peer`), the first-divergence traces, the NVFP4 and MoE
+k3 over the dense bf16 floor against their targets (`ratios.json`) and `summary.md`. Our two engines score vLLM's
+tokens: the learner (one full-sequence forward) and our sampler (`Sampler.score`: teacher-forced, generate's own
+prefill + cached-decode schedule).
 
   bf16-dense / bf16-moe   our bf16 (the floor) and vllm-bf16-cpu (vLLM's CPU kernels around bf16 GEMMs) vs vLLM
                           bf16; fp32 vs vLLM fp32 is the plumbing anchor (MoE).
@@ -50,8 +51,10 @@ from minite_core.formats.e2m1 import e2m1_decode, unpack_fp4
 from minite_core.formats.nvfp4 import BLOCK, dequantize, global_encode_scale, quantize
 from minite_core.kernels import vllm_cpu
 from minite_core.model import PRESETS, CausalLM, load_pretrained, save_pretrained
+from minite_core.peers.vllm_sampler import rollout_from_json, rollout_to_json
 from minite_core.profiles import get_profile
 from minite_core.results import write_json, write_result
+from minite_core.runs.execution import Execution
 from minite_core.seeds import example_seed
 from minite_core.task.arithmetic import make_example
 from minite_core.task.tokenizer import EOS_ID, build_tokenizer, save_tokenizer
@@ -88,15 +91,6 @@ def calibrate_dense(model, tok, rows: list[dict], seed: int) -> dict:
     return calibrate_on_examples(model, tok, rows, n=len(rows), seed=seed)
 
 
-def _rollout_json(r: Rollout) -> dict:
-    return {"prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "logprobs": r.logprobs,
-            "finished": r.finished, "argmax_ids": r.argmax_ids}
-
-
-def _rollout(d: dict) -> Rollout:
-    return Rollout(d["prompt_ids"], d["response_ids"], d["logprobs"], d["finished"], d["argmax_ids"])
-
-
 # ---- one vLLM engine per process ------------------------------------------------------------------------------
 def sample_main(args) -> int:
     from minite_core.peers.vllm_sampler import VLLMSampler, available
@@ -111,7 +105,7 @@ def sample_main(args) -> int:
     r = sampler.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_p=args.top_p, stop_ids=(EOS_ID,), seed=args.seed)
     t2 = time.perf_counter()
-    write_json(args.out, {**_rollout_json(r), "vllm": version, "dtype": args.dtype,
+    write_json(args.out, {**rollout_to_json(r), "vllm": version, "dtype": args.dtype,
                           "init_s": t1 - t0, "generate_s": t2 - t1})
     return 0
 
@@ -233,6 +227,7 @@ def _traces(out: Path, section: str, capture_file: Path, model, profiles, result
 
 
 def run_main(a) -> int:
+    Execution.resolve().install()  # our side on CPU: the reference kernels unless $MINITE_KERNELS says, recorded
     out = Path(a.out)
     work = Path(a.work or out / "work")
     work.mkdir(parents=True, exist_ok=True)
@@ -268,14 +263,15 @@ def run_main(a) -> int:
         save_tokenizer(tok, ckpt)
         model = load_pretrained(ckpt)  # fp32 masters holding the bf16 values vLLM loads: identical weights
         r16, cap16 = _vllm_capture(ckpt, "bfloat16", prompts_file, work / f"{section}_vllm_bf16.pt", a)
-        r16 = _rollout(r16)
+        r16 = rollout_from_json(r16)
         cfg = {"checkpoint": f"random {'Qwen3-MoE' if cfg_model.is_moe else 'dense Qwen3'} (bf16)",
                "model": cfg_model.to_hf(), "mean_entropy_nats": _entropy(model, r16)}
         for prof in ("bf16", "vllm-bf16-cpu"):
             both(section, model, prof, r16, "vllm-bf16", **cfg)
         floors[section] = results[-4][4]["mismatch/k3"], results[-3][4]["mismatch/k3"]  # bf16 learner, sampler
         if cfg_model.is_moe:
-            r32 = _rollout(_vllm_capture(ckpt, "float32", prompts_file, work / f"{section}_vllm_fp32.pt", a)[0])
+            r32 = rollout_from_json(
+                _vllm_capture(ckpt, "float32", prompts_file, work / f"{section}_vllm_fp32.pt", a)[0])
             record(section, "learner", "fp32", "vllm-fp32", _score(model, FP32, r32), **cfg)
         traces[section] = _traces(out, section, cap16, model, ("bf16", "vllm-bf16-cpu"), common)
 
@@ -290,7 +286,7 @@ def run_main(a) -> int:
     codes_equal = all(torch.equal(ours[k].nvfp4.data, w.nvfp4.data) and torch.equal(
         ours[k].nvfp4.scale.view(torch.uint8), w.nvfp4.scale.view(torch.uint8)) for k, w in ckpt_weights.items())
     rn, cap_nv = _vllm_capture(nv_dir, "bfloat16", prompts_file, work / "nvfp4-dense_vllm_nvfp4.pt", a)
-    rn = _rollout(rn)
+    rn = rollout_from_json(rn)
     cfg_nv = {"checkpoint": "the bf16-dense checkpoint, NVFP4 W4A4 compressed-tensors (model.nvfp4_io)",
               "model": DENSE.to_hf(), "calibration": "32 task examples, engines.calibration (bf16)",
               "nn_weight_codes_equal_checkpoint": codes_equal, "mean_entropy_nats": _entropy(dense, rn)}
@@ -364,7 +360,7 @@ def _write_summary(path: Path, results, kcheck: dict, ratios: dict, traces: dict
              f"Command: `{common['command']}`", "",
              "Per response token: Δ = logπ_ours − logπ_vLLM on vLLM's tokens (DESIGN.md metrics). Engine `learner` = "
              "our full-sequence forward; `sampler` = our sampler's prefill + cached decode, teacher-forced.", "",
-             "## Ratios (issue 18)", "",
+             "## Ratios", "",
              f"- dense floor k3(our bf16 learner ↔ vLLM bf16) = {ratios['dense_floor_k3']:.3g}",
              f"- k3(our vllm-nvfp4-cpu sampler ↔ vLLM NVFP4) = {ratios['nvfp4_sampler_k3']:.3g} → "
              f"{ratios['nvfp4_over_floor']:.3g}× the floor (target ≤ 3×: {'met' if ratios['nvfp4_ok'] else 'NOT met'});"

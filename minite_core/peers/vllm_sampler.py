@@ -56,6 +56,16 @@ def available() -> tuple[bool, str]:
         return False, f"vllm metadata unreadable: {e}"
 
 
+def rollout_to_json(r: Rollout) -> dict:
+    """A rollout as the JSON a vLLM subprocess hands back (peers.vllm_compare, peers.vllm_trace)."""
+    return {"prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "logprobs": r.logprobs,
+            "finished": r.finished, "argmax_ids": r.argmax_ids}
+
+
+def rollout_from_json(d: dict) -> Rollout:
+    return Rollout(d["prompt_ids"], d["response_ids"], d["logprobs"], d["finished"], d["argmax_ids"])
+
+
 def _require() -> None:
     ok, reason = available()
     if not ok:

@@ -112,8 +112,7 @@ def _vllm_hooks(model, runner, store: dict, order: list):
 def capture_main(args) -> int:
     """One vLLM engine: generate, recording every op (see module doc) -> torch file {rollout, ops, order}."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from minite_core.peers.vllm_compare import _rollout_json
-    from minite_core.peers.vllm_sampler import VLLMSampler, available
+    from minite_core.peers.vllm_sampler import VLLMSampler, available, rollout_to_json
     from minite_core.task.tokenizer import EOS_ID
 
     prompts = json.loads(Path(args.prompts).read_text())
@@ -131,7 +130,7 @@ def capture_main(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    torch.save({"rollout": _rollout_json(r), "ops": ops, "order": order, "dtype": args.dtype,
+    torch.save({"rollout": rollout_to_json(r), "ops": ops, "order": order, "dtype": args.dtype,
                 "vllm": available()[1]}, tmp)
     tmp.replace(out)
     return 0
@@ -140,7 +139,7 @@ def capture_main(args) -> int:
 # ---- our side ---------------------------------------------------------------------------------------------------
 def _our_hooks(model, store: dict, state: dict):
     from minite_core.model.qwen3_moe import SparseMoE, apply_rope
-    from minite_core.nn.linear import torch_dtype
+    from minite_core.nn.operands import torch_dtype
 
     def put(name, values):
         keys = state["keys"]
@@ -200,9 +199,8 @@ def _our_hooks(model, store: dict, state: dict):
 def record_ours(model, profile, prompt_ids, response_ids) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Our full-sequence forward (the learner's right-padded batch) under `profile`: op -> (keys, values)."""
     from minite_core.engines.learner import pack_right
-    from minite_core.model import set_profile
+    from minite_core.model import use_profile
 
-    set_profile(model, profile)
     ids, attn, _, _ = pack_right(prompt_ids, response_ids, device=model.lm_head.weight.device)
     B, Lq = ids.shape
     keys = torch.arange(B)[:, None] * KEY + torch.arange(Lq)[None]  # (B, L)
@@ -210,7 +208,8 @@ def record_ours(model, profile, prompt_ids, response_ids) -> dict[str, tuple[tor
     store: dict = {}
     handles = _our_hooks(model, store, state)
     try:
-        model(ids, attention_mask=attn)
+        with use_profile(model, profile):
+            model(ids, attention_mask=attn)
     finally:
         for h in handles:
             h.remove()
@@ -272,7 +271,7 @@ def _rows(capture: dict, name: str, keys: torch.Tensor | None = None) -> tuple[t
 def _rope(x: torch.Tensor, pos: torch.Tensor, cfg, profile, dtype) -> torch.Tensor:
     """Our apply_rope (with the profile's rope knob) on rows x (N, H*Dh) at positions pos (N,)."""
     from minite_core.model.qwen3_moe import apply_rope, rope_cos_sin
-    from minite_core.nn.linear import torch_dtype
+    from minite_core.nn.operands import torch_dtype
 
     N, Dh = x.shape[0], cfg.head_dim
     cos, sin = rope_cos_sin(pos[None], Dh, cfg.rope_theta, dtype)  # (1, 1, N, Dh)
@@ -284,7 +283,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, cfg, profile, dtype) -> torch.Tens
 def _attention(q, k, v, keys, cfg, profile, dtype) -> torch.Tensor:
     """Our SDPA (with the profile's attention_dtype) per request, causal over the request's positions."""
     from minite_core.model.qwen3_moe import cast
-    from minite_core.nn.linear import torch_dtype
+    from minite_core.nn.operands import torch_dtype
 
     att = torch_dtype(profile.attention_dtype or profile.dtype)
     H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -304,13 +303,18 @@ def _attention(q, k, v, keys, cfg, profile, dtype) -> torch.Tensor:
 @torch.inference_mode()
 def isolate(capture: dict, model, profile) -> list[dict]:
     """Per op: our arithmetic under `profile` on vLLM's inputs of that op vs vLLM's output (module doc)."""
-    from minite_core.model import set_profile
-    from minite_core.model.qwen3_moe import SparseMoE
-    from minite_core.nn.linear import torch_dtype
+    from minite_core.model import use_profile
     from minite_core.profiles import get_profile
 
     profile = get_profile(profile)
-    set_profile(model, profile)
+    with use_profile(model, profile):
+        return _isolate(capture, model, profile)
+
+
+def _isolate(capture: dict, model, profile) -> list[dict]:
+    from minite_core.model.qwen3_moe import SparseMoE
+    from minite_core.nn.operands import torch_dtype
+
     dtype, cfg = torch_dtype(profile.dtype), model.config
     rows = []
 

@@ -51,10 +51,10 @@ from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
 from minite_core.engines.learner import Learner
 from minite_core.nn import track_optimizer
-from minite_core.nn.linear import clear_weight_caches
+from minite_core.nn.operands import clear_weight_caches
 from minite_core.nn.shard import TokenShard, token_shard
 from minite_core.rl.grpo import policy_loss, rollout_correction
-from minite_core.rl.train import OneProcess, _pad_cols, _step_and_log
+from minite_core.rl.learner_side import OneProcess, pad_cols, step_and_log
 from minite_core.runs.state import load_state
 
 
@@ -76,7 +76,7 @@ class _NoLog:
 
 
 class DataParallelSide(OneProcess):
-    """The learner side of one rank (the module docstring); rl/train.py's OneProcess interface."""
+    """The learner side of one rank (the module docstring); rl.learner_side.OneProcess's interface."""
 
     def __init__(self, run, dp: D.DataParallel):
         cfg, profile = run.cfg, run.learner.profile
@@ -201,7 +201,7 @@ class DataParallelSide(OneProcess):
 
     def _gather(self, t: torch.Tensor, T: int) -> torch.Tensor:
         """(n/R, T_r) of every rank -> (n, T), rank order (bool travels as uint8: gloo has no bool)."""
-        x = _pad_cols(t.to(torch.uint8) if t.dtype == torch.bool else t, T).contiguous()
+        x = pad_cols(t.to(torch.uint8) if t.dtype == torch.bool else t, T).contiguous()
         parts = [torch.empty_like(x) for _ in range(self.dp.world)]
         dist.all_gather(parts, x)
         out = torch.cat(parts)
@@ -260,5 +260,5 @@ class DataParallelSide(OneProcess):
                                       cfg.clip_high, correction=correction, logp_sampler=logp_sampler[sl, :T],
                                       cap=cfg.correction_cap)
             # every rank sees the same global loss and norm: all refuse a non-finite step together
-            _step_and_log(step, k, opt, loss_f, self._clip(model, cfg.grad_clip), met, grad_norms, actor)
+            step_and_log(step, k, opt, loss_f, self._clip(model, cfg.grad_clip), met, grad_norms, actor)
         return grad_norms, actor

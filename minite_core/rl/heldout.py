@@ -33,7 +33,6 @@ import math
 from dataclasses import dataclass
 
 from minite_core.engines import make_sampler
-from minite_core.model import set_profile
 from minite_core.profiles import get_profile
 from minite_core.task.arithmetic import LEVELS, reward
 from minite_core.task.tokenizer import decode_response, encode
@@ -104,22 +103,21 @@ class Heldout:
 
 
 def evaluate(model, profile, tok, examples: list[dict], *, max_new_tokens: int, batch_size: int = 512,
-             sampler=None) -> Heldout:
+             sampler=None, engine: str | None = None) -> Heldout:
     """Greedy accuracy of ``model`` under ``profile`` on ``examples`` (module docstring), through ``sampler`` (a
-    Sampler on this model under this profile) or a new ``make_sampler`` one. Leaves the model in the train/eval
-    mode and under the profile it had."""
+    Sampler on this model under this profile) or a new ``make_sampler(engine=engine)`` one. Leaves the model in
+    the train/eval mode and under the profile it had (the sampler's profile is scoped to its call)."""
     if not examples:
         raise ValueError("no held-out problems to evaluate (an empty set)")
     profile = get_profile(profile)
     if sampler is None:
-        sampler = make_sampler(model, profile)
+        sampler = make_sampler(model, profile, engine=engine)
     elif sampler.model is not model or sampler.profile != profile:
         raise ValueError(f"evaluate: the sampler runs {sampler.profile.name!r} on another model or profile than "
                          f"the {profile.name!r} asked for")
-    before, was_training = model.profile, model.training
+    was_training = model.training
     prompts, _ = encode(tok, examples)
     out = sampler.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0, batch_size=batch_size)
     correct = tuple(reward(decode_response(tok, r), e["answer"]) == 1.0 for r, e in zip(out.response_ids, examples))
-    set_profile(model, before)
     model.train(was_training)
     return Heldout(correct, tuple(e["level"] for e in examples), sum(map(len, out.response_ids)) / len(examples))

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minite_core.model import CausalLM, ModelConfig, save_pretrained, set_profile
+from minite_core.model import CausalLM, ModelConfig, save_pretrained, use_profile
 from minite_core.nn import track_optimizer
 from minite_core.nn.nonfinite import Watch
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
@@ -113,11 +113,13 @@ def eval_subset(examples: list[dict], per_level: int | None) -> list[dict]:
     return out
 
 
-def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens: int,
-                    batch_size: int = 256) -> dict[str, float]:
-    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine (rl/heldout.py):
-    {"acc", "se", "acc/<level>", "response_len"}. Leaves the model's mode and profile as they were."""
-    return evaluate(model, profile, tok, examples, max_new_tokens=max_new_tokens, batch_size=batch_size).metrics()
+def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens: int, batch_size: int = 256,
+                    engine: str | None = None) -> dict[str, float]:
+    """Greedy (temperature 0) held-out accuracy under ``profile`` through the sampler engine ``engine`` (None:
+    automatic; rl/heldout.py): {"acc", "se", "acc/<level>", "response_len"}. Leaves the model's mode and profile
+    as they were."""
+    return evaluate(model, profile, tok, examples, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                    engine=engine).metrics()
 
 
 def max_response_tokens(examples: list[dict]) -> int:
@@ -154,9 +156,10 @@ class _SFT:
     run_cfg: dict
     seed: int
     device: str
+    engine: str | None  # the rollout engine of the held-out evaluations (None: automatic)
 
 
-def _setup(cfg: PretrainConfig, data_dir: str | Path, seed: int, device: str) -> _SFT:
+def _setup(cfg: PretrainConfig, data_dir: str | Path, seed: int, device: str, engine: str | None) -> _SFT:
     train, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")  # names a missing data dir
     tok = load_tokenizer(Path(data_dir) / TOKENIZER)
     if len(tok) > VOCAB_SIZE:
@@ -164,13 +167,12 @@ def _setup(cfg: PretrainConfig, data_dir: str | Path, seed: int, device: str) ->
     prompts, responses = encode(tok, train)
     cfg.model_config().check_tokens([p + r for p, r in zip(prompts, responses)], what="training example")
     model = CausalLM(cfg.model_config()).init_weights(tagged(seed, "init")).to(device)
-    set_profile(model, cfg.profile)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "inputs": fingerprint(Path(data_dir) / "train.jsonl")}
     return _SFT(cfg, tok, prompts, responses, heldout, eval_subset(heldout, cfg.eval_per_level),
-                max_response_tokens(train + heldout), model, opt, run_cfg, seed, device)
+                max_response_tokens(train + heldout), model, opt, run_cfg, seed, device, engine)
 
 
 def sft_step(run: _SFT, step: int) -> dict:
@@ -202,15 +204,19 @@ def sft_step(run: _SFT, step: int) -> dict:
 
 
 def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, state_dir: str | Path, seed: int,
-             experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
-             stop_after: int | None = None, restart: bool = False, on_change: str = "error") -> dict:
-    """Run (or resume) SFT; returns the metrics of pretrain.json. ``stop_after`` = stop after that many steps of
-    this call without finishing (tests use it to simulate a kill); ``restart`` sets the run in ``out`` aside and
+             experiment: str = "adhoc", device: str = "cpu", sampler_engine: str | None = None,
+             progress: bool = True, stop_after: int | None = None, restart: bool = False,
+             on_change: str = "error") -> dict:
+    """Run (or resume) SFT; returns the metrics of pretrain.json. ``sampler_engine``: the rollout engine of the
+    held-out evaluations (the command's execution; None: automatic); ``stop_after`` = stop after that many steps
+    of this call without finishing (tests use it to simulate a kill); ``restart`` sets the run in ``out`` aside and
     starts over; ``on_change``: what a run of another config in ``out`` gets (runs/state.py `resume`)."""
     out, state_dir = Path(out), Path(state_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run = _setup(cfg, data_dir, seed, device)
-    with RunLock(state_dir):  # one writer per state directory; the log lives beside the state
+    run = _setup(cfg, data_dir, seed, device, sampler_engine)
+    # one writer per state directory (the log lives beside the state); the model trains and evaluates under the
+    # profile, which it owns for the run
+    with RunLock(state_dir), use_profile(run.model, cfg.profile):
         step, extra, log = resume(state_dir, model=run.model, optimizer=run.opt, config=run.run_cfg,
                                   log_name="loss.csv", restart=restart, on_change=on_change, run_dir=out,
                                   outputs=OUTPUTS, result="pretrain.json")
@@ -222,7 +228,8 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
             step += 1
             row = sft_step(run, step)
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
-                last_eval = greedy_accuracy(run.model, cfg.profile, run.tok, run.eval_set, max_new_tokens=run.max_new)
+                last_eval = greedy_accuracy(run.model, cfg.profile, run.tok, run.eval_set, max_new_tokens=run.max_new,
+                                            engine=run.engine)
                 row["acc"] = last_eval["acc"]
                 done = "target" if last_eval["acc"] >= cfg.target_accuracy[0] else None
             log.append(row)
@@ -243,7 +250,8 @@ def pretrain(cfg: PretrainConfig, *, data_dir: str | Path, out: str | Path, stat
 def _finish(run: _SFT, out: Path, log: StepLog, step: int, reason: str, final_loss: float, wall_s: float,
             experiment: str) -> dict:
     """Held-out accuracy on the whole split, the checkpoint, loss.csv and pretrain.json."""
-    final = greedy_accuracy(run.model, run.cfg.profile, run.tok, run.heldout, max_new_tokens=run.max_new)
+    final = greedy_accuracy(run.model, run.cfg.profile, run.tok, run.heldout, max_new_tokens=run.max_new,
+                            engine=run.engine)
     atomic_write_bytes(out / "loss.csv", log.path.read_bytes())
     save_pretrained(run.model, out / "model", dtype=torch.float32)
     save_tokenizer(run.tok, out / "model")
@@ -265,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_run_args(p, argv, PretrainConfig)
     metrics = pretrain(cfg, data_dir=args.data, out=args.out, state_dir=args.state or Path(args.out) / "state",
                        seed=args.seed, experiment=args.experiment, device=args.device,
-                       progress=not args.no_progress, restart=args.restart,
-                       on_change="restart" if args.restart_if_changed else "error")
+                       sampler_engine=args.execution.sampler_engine, progress=not args.no_progress,
+                       restart=args.restart, on_change="restart" if args.restart_if_changed else "error")
     print(f"pretrain: {metrics['steps']} steps ({metrics['stop_reason']}), held-out accuracy "
           f"{metrics['heldout_accuracy']:.3f} {metrics['accuracy_per_level']}")
     return 0

@@ -9,8 +9,9 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
    derive_seed(run seed, "sample", s) and, inside the sampler, the response index; it returns the token log-probs
    of its processed distribution (vLLM's ``logprobs``). With a learner profile that replays routing (R3,
    ``routing_replay``) it also records the experts every MoE layer executed for every token it fed.
-   The engine (``engines.make_sampler``): the fast CUDA-graph sampler on the GPU, the reference loop on CPU
-   (bitwise the same results there), $MINITE_SAMPLER overrides.
+   The engine (``engines.make_sampler``): the command's execution picks it (``--sampler-engine``,
+   $MINITE_SAMPLER; runs.execution), by default the fast CUDA-graph sampler on the GPU, the reference loop on CPU
+   (bitwise the same results there).
 3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
@@ -67,26 +68,23 @@ from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.diagnostics.layouts import prune_steps_after, write_nemo_rl_step
 from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_metrics
-from minite_core.model import load_pretrained, save_pretrained, set_profile
+from minite_core.model import load_pretrained, save_pretrained, use_profile
 from minite_core.nn import track_optimizer
-from minite_core.nn.nonfinite import Watch
 from minite_core.profiles import get_profile
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
 from minite_core.runs.cli import add_run_args, parse_run_args
-from minite_core.runs.lock import RunLock
-from minite_core.runs.state import fingerprint, resume, save_state
+from minite_core.runs.state import fingerprint
 from minite_core.seeds import tagged
 from minite_core.task.data import load_split
-from minite_core.rl.grpo import group_advantages, parse_correction, policy_loss, run_name
+from minite_core.rl.grpo import group_advantages, parse_correction, run_name
 from minite_core.rl.heldout import evaluate, heldout_set, paired_gain
+from minite_core.rl import learner_side
+from minite_core.rl.learner_side import FINAL, OUTPUTS, ROLLOUTS, OneProcess, pad_cols
 from minite_core.rl.pretrain import max_response_tokens
 from minite_core.rl.tensorboard import RunBoard
 from minite_core.task.arithmetic import reward
 from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
 
-FINAL = "final"  # the run's last checkpoint (transformers layout): what eval.smk reads as {RESULTS}/rl/{run}/final
-ROLLOUTS = "rollouts"  # the run's rollout dumps (RLConfig.rollout_dump_every), NeMo-RL's layout
-OUTPUTS = ("metrics.csv", "summary.json", FINAL, ROLLOUTS)  # what a run writes to --out (what --restart sets aside)
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
 
 
@@ -108,7 +106,7 @@ class RLConfig:
     max_new_tokens: int = 0  # 0 = longest reference response + <eos> + 16 (pretrain.max_response_tokens)
     eval_every: int = 8  # held-out greedy accuracy under the sampler profile (also at step 0 and the last step)
     # held-out problems per evaluation (rl/heldout.py: round-robin over levels, the same set every time); 512 gives
-    # a binomial SE <= 2.2 points, what issue 20 asks of a claim; 0 = the whole held-out split
+    # a binomial SE <= 2.2 points, what a held-out claim needs; 0 = the whole held-out split
     eval_n: int = 512
     eval_batch_size: int = 512  # sampler rows per evaluation batch (one batch for the default eval_n)
     checkpoint_every: int = 8
@@ -141,14 +139,9 @@ def calibrate_static(model, profiles, tok, train: list[dict], n: int, seed: int)
     module docstring), through the shared path (engines.calibration). None when no profile needs them."""
     for prof in profiles:
         if prof.needs_calibration:
-            set_profile(model, prof)
-            return calibrate_on_examples(model, tok, train, n=n, seed=seed)
+            with use_profile(model, prof):
+                return calibrate_on_examples(model, tok, train, n=n, seed=seed)
     return None
-
-
-def _pad_cols(t: torch.Tensor, T: int) -> torch.Tensor:
-    """(n, T_chunk) -> (n, T), zero / False padded (a chunk's longest response may be shorter than the batch's)."""
-    return torch.nn.functional.pad(t, (0, T - t.shape[1])) if t.shape[1] < T else t
 
 
 FINITE_KEYS = ("mismatch/k1", "mismatch/k3", "reward/mean", "actor/entropy", "actor/pg_loss")
@@ -158,7 +151,7 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int,
             old_logprobs=None, update=None, dump_dir: Path | None = None) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns). old_logprobs / update:
-    items 4 and 5 (default `_old_logprobs`, `_update`: one process; rl.distributed passes its data-parallel ones).
+    items 4 and 5 (default: one process, rl.learner_side; rl.distributed passes its data-parallel ones).
     dump_dir: where this step's rollouts go on a `rollout_dump_every` step (None: not this process's job)."""
     B, G = cfg.prompts_per_step, cfg.group_size
     g = torch.Generator().manual_seed(tagged(seed, "batch", step))
@@ -183,9 +176,9 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     learner.set_step(step * cfg.mini_batches)  # SR seeds unused without grad; set for a complete record
     n = len(prompts) // cfg.mini_batches
     slices = [slice(k * n, (k + 1) * n) for k in range(cfg.mini_batches)]
-    parts = (old_logprobs or _old_logprobs)(learner, prompts, roll.response_ids, slices, cfg, routes)
+    parts = (old_logprobs or learner_side.old_logprobs)(learner, prompts, roll.response_ids, slices, cfg, routes)
     T = rp["mask"].shape[1]
-    logp_old, entropy, mask, argmax_l = (torch.cat([_pad_cols(p[i], T) for p in parts]) for i in range(4))
+    logp_old, entropy, mask, argmax_l = (torch.cat([pad_cols(p[i], T) for p in parts]) for i in range(4))
     if not torch.equal(mask, rp["mask"]):
         raise RuntimeError("learner and sampler disagree on the response mask")
     row = {"step": step}
@@ -199,8 +192,8 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
                            contents=[[q, decode_response(tok, r)] for q, r in
                                      zip((train[i]["prompt"] for i in pick for _ in range(G)), roll.response_ids)])
 
-    grad_norms, actor = (update or _update)(step, cfg, model, learner, opt, prompts, roll.response_ids, slices, logp_old, adv,
-                                mask, rp["logprobs"], correction, routes)
+    grad_norms, actor = (update or learner_side.update)(step, cfg, model, learner, opt, prompts, roll.response_ids,
+                                                        slices, logp_old, adv, mask, rp["logprobs"], correction, routes)
     t_learn = time.perf_counter() - t1
 
     n_tok = int(mask.sum())
@@ -227,54 +220,6 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
     return row
 
 
-def _old_logprobs(learner, prompts, response_ids, slices, cfg, routes) -> list[tuple]:
-    """Item 4: per row slice (logp, entropy, mask, argmax) of the learner under no grad."""
-    with torch.no_grad():  # old log-probs on the update's own row slices: per-tensor activation scales depend
-        # on which rows share a forward, so a full-batch recompute would start the PPO ratio off 1 (te-nvfp4)
-        return [learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature, top_p=cfg.top_p,
-                                 with_entropy=True, with_argmax=True, routes=routes(sl))
-                for sl in slices]
-
-
-def _update(step, cfg, model, learner, opt, prompts, response_ids, slices, logp_old, adv, mask, logp_sampler,
-            correction, routes) -> tuple[list[float], dict[str, list[float]]]:
-    """The PPO update of one RL step, one optimizer step per mini-batch slice -> (grad norms, actor metrics).
-    routes(slice): the sampler's routes of those rows (replayed by an R3 learner) or None.
-    Stops before an optimizer step whose loss or gradient norm is not finite."""
-    model.train()
-    actor: dict[str, list[float]] = {}
-    grad_norms = []
-    watch = Watch(model)  # non-finite activations / gradients, named by layer (nn/nonfinite.py)
-    for k, sl in enumerate(slices):
-        learner.set_step(step * cfg.mini_batches + k)  # update index: unique SR seeds per optimizer step
-        with watch:
-            logp_new, _, _ = learner.logprobs(prompts[sl], response_ids[sl], temperature=cfg.temperature,
-                                              top_p=cfg.top_p, grad=True, routes=routes(sl))
-            T = logp_new.shape[1]  # a chunk's longest response may be shorter than the batch's
-            loss, met = policy_loss(logp_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low,
-                                    cfg.clip_high, correction=correction, logp_sampler=logp_sampler[sl, :T],
-                                    cap=cfg.correction_cap)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))  # (syncs)
-        watch.check(f"rl step {step}, mini-batch {k}")  # one more sync, right behind the gradient norm's
-        _step_and_log(step, k, opt, loss, grad_norm, met, grad_norms, actor)
-    return grad_norms, actor
-
-
-def _step_and_log(step, k, opt, loss, grad_norm: float, met: dict, grad_norms: list, actor: dict) -> None:
-    """The end of mini-batch k's update: refuse a non-finite loss or gradient norm, else the optimizer step and
-    the metrics appended."""
-    loss_f = float(loss.detach())  # (synced by the metrics below anyway)
-    if not (math.isfinite(grad_norm) and math.isfinite(loss_f)):
-        raise ValueError(f"rl step {step}, mini-batch {k}: non-finite loss {loss_f} or gradient norm "
-                         f"{grad_norm}; lower rl.lr or check the learner profile")
-    opt.step()
-    grad_norms.append(grad_norm)
-    for key, v in met.items():
-        actor.setdefault(key, []).append(float(v))
-
-
 @dataclass
 class _GRPO:
     """Everything one GRPO run works with (built once by `_setup`)."""
@@ -293,10 +238,11 @@ class _GRPO:
     run_cfg: dict
 
 
-def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device) -> _GRPO:
+def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device,
+           sampler_engine) -> _GRPO:
     correction = parse_correction(correction)
     L, S = get_profile(learner_profile), get_profile(sampler_profile)
-    if L.quantized and L.grad is None:
+    if not L.can_learn:
         raise ValueError(f"learner profile {L.name!r} has no backward (grad=None): it is a sampler profile")
     model = load_pretrained(pretrained, dtype=torch.float32, device=device)  # names a missing / damaged checkpoint
     tok = load_tokenizer(Path(pretrained))
@@ -304,7 +250,7 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
     calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
-    engine = resolve_engine(None, device)  # fast (CUDA graphs) on the GPU, the reference on CPU ($MINITE_SAMPLER)
+    engine = resolve_engine(sampler_engine, device)  # None: fast (CUDA graphs) on the GPU, the reference on CPU
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
                "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
@@ -315,44 +261,13 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
                  run_name(L.name, S.name, correction), run_cfg)
 
 
-class OneProcess:
-    """The learner side of a one-process run: the sampler runs the learner's module tree (weight sync is free),
-    the state is runs/state.py's. rl.distributed.DataParallelSide is the same interface under torchrun."""
-
-    main = True  # this process writes the outputs
-    old_logprobs = staticmethod(_old_logprobs)
-    update = staticmethod(_update)
-
-    def __init__(self, run: _GRPO):
-        self.run = run
-        self.state_opt = run.opt  # the optimizer whose state.pt layout the state keeps (one process: the real one)
-
-    def lock(self, state_dir: Path):
-        return RunLock(state_dir)  # one writer per run directory
-
-    def resume(self, state_dir: Path, restart: bool, on_change: str = "error", out: Path | None = None):
-        run = self.run
-        return resume(state_dir, model=run.sampler.model, optimizer=self.state_opt, config=run.run_cfg,
-                      log_name="metrics.csv", restart=restart, on_change=on_change, run_dir=out, outputs=OUTPUTS,
-                      result="summary.json")
-
-    def save(self, state_dir: Path, step: int, extra: dict) -> None:
-        save_state(state_dir, step=step, model=self.run.sampler.model, optimizer=self.state_opt,
-                   config=self.run.run_cfg, extra=extra)
-
-    def synced(self) -> None:
-        """After an update: the sampler's weights are the learner's (here: the same tensors)."""
-
-    def share(self, metrics: dict) -> dict:
-        return metrics
-
-
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
           learner_profile: str, sampler_profile: str, correction: str | None, cfg: RLConfig, seed: int,
-          experiment: str = "adhoc", device: str = "cpu", progress: bool = True,
+          experiment: str = "adhoc", device: str = "cpu", sampler_engine: str | None = None, progress: bool = True,
           stop_after: int | None = None, restart: bool = False, name: str | None = None,
           on_change: str = "error") -> dict:
-    """Run (or resume) one GRPO run; returns summary metrics. ``stop_after``: stop after that many steps of this
+    """Run (or resume) one GRPO run; returns summary metrics. ``sampler_engine``: the rollout engine (the
+    command's execution; None: automatic for ``device``); ``stop_after``: stop after that many steps of this
     call, leaving a checkpoint (tests use it as a kill); ``restart`` sets the run in ``out`` aside and starts
     over; ``on_change``: what a run of another config in ``out`` gets (runs/state.py `resume`); ``name``: the
     run's name in summary.json (default ``run_name(learner, sampler, correction)``; the DAG passes its own, which
@@ -363,7 +278,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
     from minite_core.rl import distributed  # torchrun (WORLD_SIZE > 1) or a joined process group: R ranks
 
     dp = distributed.join()  # before the model is built: under torchrun it picks this rank's GPU
-    run = _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device)
+    run = _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device, sampler_engine)
     side = OneProcess(run) if dp is None else distributed.DataParallelSide(run, dp)
     run = side.run
     model, S = run.sampler.model, run.sampler.profile  # full weights: evaluation, checkpoint, final/
@@ -477,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = train(pretrained=args.pretrained, data_dir=args.data, out=args.out, state_dir=args.state,
                     learner_profile=args.learner, sampler_profile=args.sampler, correction=args.correction,
                     cfg=cfg, seed=args.seed, experiment=args.experiment, device=args.device,
-                    progress=not args.no_progress, restart=args.restart, name=args.name,
-                    on_change="restart" if args.restart_if_changed else "error")
+                    sampler_engine=args.execution.sampler_engine, progress=not args.no_progress,
+                    restart=args.restart, name=args.name, on_change="restart" if args.restart_if_changed else "error")
     if torch.distributed.is_initialized():  # torchrun: every rank returns rank 0's summary
         torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")):

@@ -9,9 +9,9 @@ commands with one flag per option (`diagnose`, `eval`, `quant-error`, `bench lea
 error naming it.
 
 `--gpu-lease GxS` (the DAG's, with `gpus: G` in the experiment) gives the command one of the machine's G GPUs
-(runs/gpu_lease.py). `--kernels` picks the kernel backend for the whole process (`kernels.dispatch.set_backend`)
-and records the backend in use in every result's `env` (`results.set_run_env`); `--device cuda` without a GPU
-fails at once.
+(runs/gpu_lease.py). `--kernels` and `--sampler-engine` (with their environment overrides) resolve into the
+command's one `Execution` (runs/execution.py), installed for the process, recorded in every result's `env` and
+left on `args.execution` for the command to pass down; `--device cuda` without a GPU fails at once.
 
 Errors (`run_command`): a command that raises prints `minite <command>: error: <message>` on one line and exits 1
 (argparse's own usage errors exit 2); `--debug` anywhere on the command line or `MINITE_DEBUG=1` shows the
@@ -28,10 +28,8 @@ import sys
 
 import torch
 
-from minite_core.kernels import dispatch as kernels
-from minite_core.results import config_from_json, set_run_env
-
-KERNEL_CHOICES = ("auto", *kernels.BACKENDS)
+from minite_core.results import config_from_json
+from minite_core.runs.execution import ENGINE_CHOICES, KERNEL_CHOICES, Execution
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, config_help: str | None = None) -> None:
@@ -40,9 +38,11 @@ def add_common_args(parser: argparse.ArgumentParser, *, config_help: str | None 
     parser.add_argument("--experiment", default="adhoc", help="experiment name recorded in the result")
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
     parser.add_argument("--kernels", default="auto", choices=KERNEL_CHOICES,
-                        help="kernel backend (auto: native on sm_100+, triton on other GPUs, reference on CPU)")
-    parser.add_argument("--sampler-engine", default="auto", choices=("auto", "reference", "fast", "fast-eager"),
-                        help="rollout engine (auto: the fast CUDA-graph sampler on the GPU, the reference on CPU)")
+                        help="kernel backend (auto: $MINITE_KERNELS, else native on sm_100+, triton on other GPUs, "
+                             "reference on CPU)")
+    parser.add_argument("--sampler-engine", default="auto", choices=ENGINE_CHOICES,
+                        help="rollout engine (auto: $MINITE_SAMPLER, else the fast CUDA-graph sampler on the GPU, "
+                             "the reference on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (Snakemake's {threads})")
     parser.add_argument("--gpu-lease", default=None, metavar="GxS",
                         help="with --device cuda: take one of G GPUs (S jobs a GPU) before CUDA starts")
@@ -62,7 +62,8 @@ def add_run_args(parser: argparse.ArgumentParser, config_help: str) -> None:
 
 
 def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """Act on the run options: threads, device check, kernel backend (recorded in every result's env)."""
+    """Act on the run options: threads, device check, the execution (args.execution, recorded in every result's
+    env)."""
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be >= 1, got {args.threads}")
@@ -78,21 +79,11 @@ def apply_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(str(e))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
-    if args.sampler_engine != "auto":  # the process's default engine (engines.fast_sampler.resolve_engine reads it)
-        os.environ["MINITE_SAMPLER"] = args.sampler_engine
-    set_run_env(sampler_engine=args.sampler_engine)
     try:
-        kernels.set_backend(args.kernels)
-        set_run_env(kernels=kernels.current_backend())
-    except (RuntimeError, ValueError) as e:
-        parser.error(f"--kernels {args.kernels}: {e}")
-    if kernels.current_backend() != "reference":  # the batch-invariant profiles' attention kernel, checked up front
-        from minite_core.kernels.attention import ENV_VAR, attention_kernel
-
-        try:
-            set_run_env(attention=attention_kernel())
-        except ValueError as e:
-            parser.error(f"${ENV_VAR}: {e}")
+        args.execution = Execution.resolve(device=args.device, kernels=args.kernels,
+                                           sampler_engine=args.sampler_engine).install()
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 

@@ -38,7 +38,7 @@ class DataConfig:
     # are harmless for SFT here (the smoke model underfits), and 2048 writes in well under a second
     n_train_per_level: int = 2048
     # held-out prompts per level: 512 = what an RL evaluation scores by default (RLConfig.eval_n; binomial SE <= 2.2
-    # points, issue 20)
+    # points, what a held-out claim needs)
     n_heldout_per_level: int = 512
 
     def __post_init__(self):

@@ -45,7 +45,7 @@ rule eval_checkpoint:
 
 
 rule rl_eval:
-    # A target, not a stage: every RL run, its curves and lm-eval of its final checkpoint — what a long GPU session
+    # A target, not a stage: every RL run, its curves and lm-eval of its final checkpoint — what a long GPU run
     # needs (workflow/scripts/h200_rl.sh start rl_eval) without the benchmarks and diagnostics of `all`.
     input:
         rules.rl_figures.output.png,

@@ -3,7 +3,6 @@
 # per-GPU and total tokens/s, scaling efficiency against the plain learner timed in the same job).
 # GPU run: Qwen3-30B-A3B layer shapes (config "h200"), <= ~2 min of the H200 DAG's 10 (budget_s caps the timed
 # rounds); CPU smoke: config "tiny", seconds. Ratios (x BF16, x TE-NVFP4, saved activations) come from this run.
-# Its kernel backend is `throughput.kernels` (default auto), not the top-level `kernels` of the other stages.
 
 
 rule throughput:
@@ -13,7 +12,7 @@ rule throughput:
             RESULTS,
             "throughput",
             launcher(config, "throughput"),
-            run_options(config, kernels=config["throughput"]["kernels"]),
+            RUN,
             section_json(config, "throughput"),
         ),
     output:
@@ -31,8 +30,8 @@ rule throughput:
         gres=slurm_gres(config, "throughput"),  # Slurm only (workflow/profiles/slurm): the job's GPUs, on one node
     params:
         launch=launcher(config, "throughput"),  # `minite`, or torchrun with gpus_per_job > 1 (bench.learner_dist)
-        run=run_options(config, kernels=config["throughput"]["kernels"]),
-        config=section_json(config, "throughput", drop=("kernels", "gpus_per_job")),
+        run=RUN,
+        config=section_json(config, "throughput", drop=("gpus_per_job",)),
     shell:
         "{params.launch} bench learner --out {output.json} --csv {output.csv} {params.run} "
         "--config-json {params.config:q} > {log} 2>&1"
@@ -46,7 +45,7 @@ rule throughput_sampler:
         params=stamp(
             RESULTS,
             "throughput_sampler",
-            run_options(config, kernels="auto"),
+            RUN,
             section_json(config, "sampler_bench"),
         ),
     output:
@@ -61,7 +60,7 @@ rule throughput_sampler:
     resources:
         gpu=config["gpu_slots"],  # the whole GPU: timings are not shared with other jobs
     params:
-        run=run_options(config, kernels="auto"),
+        run=RUN,
         config=section_json(config, "sampler_bench"),
     shell:
         "minite bench sampler --out {output.json} {params.run} "

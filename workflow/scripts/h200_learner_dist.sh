@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24's 1-GPU check in one <= 10-minute call of the GPU machine: `minite bench learner --config h200` under
+# The scale-out learner's 1-GPU check in one <= 10-minute call of the GPU machine: `minite bench learner --config h200` under
 # `torchrun --standalone --nproc-per-node ${NPROC:-1}` — the scale-out learner (FSDP2 + expert parallelism,
 # bench.learner_dist) and, in the same invocation on rank 0, the plain 1-process learner on the same config and
 # per-GPU batch. Writes $OUT/learner_dist.json (throughput/v1 rows + per_gpu_tokens_per_s, plain_tokens_per_s,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs longer than one 10-minute command of the GPU machine, in chunks (issue 20). The machine keeps /tmp and
+# Runs longer than one 10-minute command of the GPU machine, in chunks. The machine keeps /tmp and
 # background processes between commands that come within ~30 s of each other (for at most 30 minutes held), and
 # results come back only through $OUT (<= 8 files, <= 16 MiB each). So: the DAG runs under setsid in a copy of the
 # working tree in $WORK (/tmp), later commands poll it, and the last one packs the results into $OUT.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine, once workflow/scripts/te_install_h200.sh --final has run: the Transformer Engine checks of
-# issue 23, in the background beside the DAG (`h200_rl.sh start`; none of this is timed). Writes the layout
+# On the GPU machine, once workflow/scripts/te_install_h200.sh --final has run: the Transformer Engine checks,
+# in the background beside the DAG (`h200_rl.sh start`; none of this is timed). Writes the layout
 # results/<exp>/te/ that the report reads (minite_core/report/te.py) into $TE_OUT (default /tmp/minite-te):
 # te-tests.log, agreement.json + summary.md (te_compare on a random model of the RL shape), checkpoint/ (te_compare
 # on the DAG's SFT base model), diag-4over6/ (diagnostics of the 4over6 profile on that model: the reference

@@ -12,8 +12,8 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from minite_core.bench import learner as L  # noqa: E402
-from minite_core.model import set_profile  # noqa: E402
+from minite_core.bench import learner_setup as L  # noqa: E402
+from minite_core.model import use_profile  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -21,19 +21,19 @@ def main(argv: list[str]) -> None:
     layers = int(argv[1]) if len(argv) > 1 else 2
     model, opt, ids, labels = L.build(L.resolve_config("h200", dev, layers=layers, seq=4096, batch=4), dev)
     for name in argv[0].split(","):
-        set_profile(model, name)
-        for r in range(2):  # warm-up: Triton compiles, allocator growth
-            L._set_step_seed(model, r)
-            L.learner_step(model, opt, ids, labels)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-            L.learner_step(model, opt, ids, labels)
+        with use_profile(model, name):
+            for r in range(2):  # warm-up: Triton compiles, allocator growth
+                L.set_step_seed(model, r)
+                L.learner_step(model, opt, ids, labels)
             torch.cuda.synchronize()
-        rows = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_device_time_total)[:45]
-        print(f"== {name}: self device ms by (op, input shapes)", flush=True)
-        for e in rows:
-            print(f"{e.self_device_time_total / 1e3:8.2f} ms x{e.count:<4d} {e.key[:40]:40s} {str(e.input_shapes)[:150]}",
-                  flush=True)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+                L.learner_step(model, opt, ids, labels)
+                torch.cuda.synchronize()
+            rows = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_device_time_total)[:45]
+            print(f"== {name}: self device ms by (op, input shapes)", flush=True)
+            for e in rows:
+                print(f"{e.self_device_time_total / 1e3:8.2f} ms x{e.count:<4d} {e.key[:40]:40s} "
+                      f"{str(e.input_shapes)[:150]}", flush=True)
 
 
 if __name__ == "__main__":

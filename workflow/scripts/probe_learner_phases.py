@@ -1,4 +1,4 @@
-"""Where a learner step's time and memory go, per profile (H200 probe; results/h200/extra/session7/logs).
+"""Where a learner step's time and memory go, per profile (H200 probe).
 
 usage: PYTHONPATH=. python3 workflow/scripts/probe_learner_phases.py PROFILES_4_LAYERS [PROFILES_6_LAYERS]
 (comma lists). Builds `bench learner --config h200` at 4 layers (then 6), runs two warm-up steps per profile, then
@@ -15,9 +15,9 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from minite_core.bench import learner as L  # noqa: E402
+from minite_core.bench import learner_setup as L  # noqa: E402
 from minite_core.bench.op_profile import kernel_table, profiled  # noqa: E402
-from minite_core.model import set_profile  # noqa: E402
+from minite_core.model import use_profile  # noqa: E402
 
 GB = 1e9
 
@@ -56,19 +56,20 @@ def run(layers: int, profiles: list[str], top: int = 45, kernels: bool = True) -
     model, opt, ids, labels = L.build(cfg, dev)
     res = {}
     for name in profiles:
-        set_profile(model, name)
-        for r in range(2):  # warm-up: Triton compiles, allocator growth
-            L._set_step_seed(model, r)
-            L.learner_step(model, opt, ids, labels)
-        res[name] = {"phases": phases(model, opt, ids, labels)}
-        print(name, layers, json.dumps({k: round(v, 2) for k, v in res[name]["phases"].items()}), flush=True)
-        if kernels:
-            with profiled(dev) as prof:
+        with use_profile(model, name):
+            for r in range(2):  # warm-up: Triton compiles, allocator growth
+                L.set_step_seed(model, r)
                 L.learner_step(model, opt, ids, labels)
-            table = res[name]["kernels"] = kernel_table(prof, top=top)
-            print(f"  {table['kernels_per_step']:.0f} kernels {table['kernel_ms_per_step']:.1f} ms", flush=True)
-            for row in table["top"]:
-                print(f"  {row['ms_per_step']:8.2f} ms x{row['calls_per_step']:<5g} {row['kernel'][:110]}", flush=True)
+            res[name] = {"phases": phases(model, opt, ids, labels)}
+            print(name, layers, json.dumps({k: round(v, 2) for k, v in res[name]["phases"].items()}), flush=True)
+            if kernels:
+                with profiled(dev) as prof:
+                    L.learner_step(model, opt, ids, labels)
+                table = res[name]["kernels"] = kernel_table(prof, top=top)
+                print(f"  {table['kernels_per_step']:.0f} kernels {table['kernel_ms_per_step']:.1f} ms", flush=True)
+                for row in table["top"]:
+                    print(f"  {row['ms_per_step']:8.2f} ms x{row['calls_per_step']:<5g} {row['kernel'][:110]}",
+                          flush=True)
     del model, opt
     torch.cuda.empty_cache()
     return res

@@ -14,7 +14,7 @@
 # core's version: transformer_engine/common/__init__.py, load_framework_extension), then installs the torch
 # extension: a carried .te/built/transformer_engine_torch-*.whl if there is one, else builds it from the sdist
 # (NVTE_PYTORCH_FORCE_BUILD=TRUE; C++ only, ~105 s on 16 cores) and copies the built wheel to $OUT, to be put
-# in .te/built/ here so no later session rebuilds it. Finally imports transformer_engine.pytorch. Idempotent:
+# in .te/built/ here so no later install rebuilds it. Finally imports transformer_engine.pytorch. Idempotent:
 # a finished install is only re-verified. Every failure exits 1 with "te_install: error: <what>".
 set -euo pipefail
 die() { echo "te_install: error: $*" >&2; exit 1; }

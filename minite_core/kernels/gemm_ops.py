@@ -1,0 +1,160 @@
+"""The GEMM entry points of kernels.dispatch: y = â b̂ᵀ with fp32 accumulation on every backend, equal across
+backends up to accumulation order — dense (`gemm`; the fixed-tile batch-invariant one with `invariant=True`),
+grouped over MoE experts (`grouped_gemm`, the wgrad's `kgrouped_gemm`), from packed weights (`decode_gemm`,
+`grouped_decode_gemm`: the profile knob decode_gemm="packed"), W4A16 (`gemm_w4a16`), and the two peer
+arithmetics a profile can name (`gemm_te_reference`, `gemm_vllm_cpu`: plain torch everywhere).
+
+`gemm` takes NVFP4Tensor or DqOperand operands (NVFP4Tensor operands are dequantized on the fly — cache a
+`DqOperand` for weights, once per optimizer step: `prepare_weight`). Triton kernel files are imported only on the
+fast path.
+"""
+from __future__ import annotations
+
+import torch
+
+from minite_core.formats import nvfp4 as ref
+from minite_core.kernels.backend import fast_path, interpret, select_backend
+from minite_core.kernels.operands import DqOperand
+from minite_core.kernels.quantize_ops import as_dq, quantize_dq
+from minite_core.profiles import Quant
+
+
+def _dequant_fp32(op) -> torch.Tensor:
+    if isinstance(op, DqOperand):
+        gs = op.global_scale.float()
+        if op.values_bf16.ndim == 3 and gs.ndim == 1:  # [E] per-expert tensor scales
+            gs = gs.view(-1, 1, 1)
+        return op.values_bf16.float() * gs
+    return ref.dequantize(op)
+
+def gemm(a, b, out_dtype=torch.bfloat16, *, invariant: bool = False, backend: str | None = None) -> torch.Tensor:
+    """y [M, N] = a_hat @ b_hat^T; a, b: NVFP4Tensor or DqOperand ([M, K], [N, K]). invariant=True (profile knob
+    `batch_invariant`): on the fast path, the Triton GEMM with one fixed tile for every M (gemm.INVARIANT_CONFIG),
+    so a row's bits do not depend on how many rows share the call."""
+    name = select_backend(backend)
+    x = a.values_bf16 if isinstance(a, DqOperand) else a.data
+    if not fast_path(x, backend):
+        if invariant:  # CPU BLAS picks its blocking by M: fp64 sums, so only a rounding tie could show the order
+            return (_dequant_fp32(a).double() @ _dequant_fp32(b).double().t()).to(out_dtype)
+        return (_dequant_fp32(a) @ _dequant_fp32(b).t()).to(out_dtype)
+    if invariant:
+        from minite_core.kernels import gemm as _gemm
+
+        return _gemm.gemm_invariant(as_dq(a), as_dq(b), out_dtype)
+    if name == "native":
+        from minite_core.kernels.native import gemm_native
+
+        if isinstance(a, DqOperand) or isinstance(b, DqOperand):
+            raise TypeError("backend 'native' takes NVFP4Tensor operands (packed codes), not DqOperand")
+        return gemm_native(a, b, out_dtype)
+    from minite_core.kernels import gemm as _gemm
+
+    a, b = as_dq(a), as_dq(b)
+    # cuBLAS fp32-out + scale kernel: 0.832 ms vs the Triton fused GEMM's 0.956 ms at 16384x4096x4096 on the
+    # H200 (results/h200/bench); the Triton GEMM is used under the interpreter (no cuBLAS there).
+    impl = _gemm.gemm_triton if interpret() and not x.is_cuda else _gemm.gemm_cublas
+    return impl(a, b, out_dtype)
+
+def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch.bfloat16, *, schedule=None,
+                 invariant: bool = False, backend: str | None = None) -> torch.Tensor:
+    """MoE expert GEMM on the padded sorted layout: rows offs[e]:offs[e+1] of a [Tp, K] times b[e] [N, K]ᵀ.
+    Its config is fixed on a GPU (row-independent already); invariant=True also makes the interpreter's dot
+    row-local (gemm._dot_rows)."""
+    if not fast_path(a.values_bf16, backend):
+        x, w = _dequant_fp32(a), _dequant_fp32(b)
+        if invariant:  # fp64 sums, as `gemm`'s reference path
+            x, w = x.double(), w.double()
+        bounds = offs.tolist()  # reference path: host loop over experts
+        outs = [x[s:t] @ w[e].t() for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))]
+        return torch.cat(outs, 0).to(out_dtype)
+    from minite_core.kernels.grouped import grouped_gemm as _grouped
+
+    return _grouped(a, b, offs, out_dtype, schedule=schedule, config={"ROW_DOT": True} if invariant else None)
+
+def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,
+                  *, backend: str | None = None) -> torch.Tensor:
+    """wgrad of the MoE: [E, N, K] fp32, expert e = (a[:, seg_e] @ b[:, seg_e]ᵀ) · sa[e] · sb[e]."""
+    if not fast_path(a, backend):
+        bounds = offs.tolist()
+        return torch.stack([(a[:, s:t].float() @ b[:, s:t].float().t()) * (sa[e] * sb[e])
+                            for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))])
+    from minite_core.kernels.grouped import kgrouped_gemm as _kgrouped
+
+    return _kgrouped(a, sa, b, sb, offs)
+
+def grouped_schedule(offs: torch.Tensor, block_m: int | None, total_rows: int):
+    """Tile schedule of the fast grouped GEMM for this layout (None on the reference path); build once per MoE
+    layer forward and pass to every grouped_gemm of the layer."""
+    if not fast_path(offs):
+        return None
+    from minite_core.kernels import grouped
+
+    bm = block_m or grouped._config(grouped.GROUPED_CONFIG, grouped.SMALL, None, offs.device)["BLOCK_M"]
+    return grouped.grouped_schedule(offs, bm, total_rows)
+
+def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, amax=None,
+                out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch.Tensor:
+    """y [M, N] = x @ W_hat^T from packed weights (codes + scales, dequantized in the GEMM's main loop; the
+    decode GEMM of profiles' `decode_gemm: "packed"`). act=None: W4A16 (x bf16 as is); act=Quant: W4A4, x
+    quantized with that quantizer (amax for a static scale) — fused into the GEMM on the fast path. Reference
+    path: the quantizer, then fp32 x̂ @ ŵᵀ — exactly what `gemm` / `gemm_w4a16` compute on CPU."""
+    if not fast_path(x, backend):
+        from minite_core.kernels.reference import decode_gemm_reference
+
+        if act is None:  # W4A16: x in its own precision, as gemm_w4a16
+            return decode_gemm_reference(x, w, out_dtype=out_dtype)
+        _, dq = quantize_dq(x, act, amax=amax, backend=backend, check=False)
+        return decode_gemm_reference(dq.values_bf16, w, x_scale=dq.global_scale, out_dtype=out_dtype)
+    from minite_core.kernels.decode import packed_gemm_triton
+
+    return packed_gemm_triton(x, w, act=act, amax=amax, out_dtype=out_dtype)
+
+def grouped_decode_gemm(x: torch.Tensor, w, offs: torch.Tensor, act: Quant | None = None, amax=None,
+                        out_dtype=torch.bfloat16, *, schedule=None, backend: str | None = None) -> torch.Tensor:
+    """MoE expert GEMM from packed expert weights (`operands.PackedExperts`) on the padded sorted layout, no
+    per-expert loop: rows offs[e]:offs[e+1] of x [Tp, K] times ŵ[e]ᵀ. act=None: W4A16; act=Quant: the fused
+    quantizer with `amax` = one amax per row [Tp] (`nn.experts` gives the layout's per-expert / per-token /
+    static scales). Fast path only (the reference's expert loop is `nn.experts`' per-expert `linear`)."""
+    if not fast_path(x, backend):
+        raise RuntimeError("grouped_decode_gemm is the fast path; the reference runs nn.experts' per-expert loop")
+    from minite_core.kernels.decode import grouped_packed_gemm_triton
+
+    return grouped_packed_gemm_triton(x, w, offs, act=act, amax=amax, out_dtype=out_dtype, schedule=schedule)
+
+def grouped_decode_schedule(offs: torch.Tensor, total_rows: int):
+    """Tile schedule of `grouped_decode_gemm` for this layout (device-side, no host sync); once per MoE layer."""
+    from minite_core.kernels.decode import grouped_packed_schedule
+
+    return grouped_packed_schedule(offs, total_rows, offs.numel() - 1)
+
+def prepare_weight(t: ref.NVFP4Tensor, *, backend: str | None = None):
+    """A quantized weight in the form this backend's GEMM reads fastest (cache it once per optimizer step):
+    the bf16 `DqOperand` on the Triton path (dequantized once instead of per GEMM), the packed NVFP4Tensor
+    elsewhere."""
+    return as_dq(t) if fast_path(t.data, backend) and select_backend(backend) == "triton" else t
+
+def gemm_w4a16(x: torch.Tensor, w, *, backend: str | None = None) -> torch.Tensor:
+    """Marlin-style W4A16: y [M, N] = x @ ŵᵀ in fp32, x in high precision (bf16 on GPU: the products of bf16 x
+    and the exact bf16 e2m1(q)·sf are exact in fp32), S_dec applied after the fp32 accumulation."""
+    if not fast_path(x, backend) or not x.is_cuda:
+        return x.float() @ _dequant_fp32(w).t()
+    w = as_dq(w)
+    gs = w.global_scale.float()
+    gs = gs.reshape(1, -1) if gs.ndim else gs  # per-row weight scales [N, 1] -> columns of y
+    return torch.mm(x.to(torch.bfloat16), w.values_bf16.t(), out_dtype=torch.float32) * gs
+
+def gemm_te_reference(a: ref.NVFP4Tensor, b: ref.NVFP4Tensor, amax_a: torch.Tensor, amax_b: torch.Tensor,
+                      e4m3_bounds: tuple[float, float], out_dtype=torch.float32) -> torch.Tensor:
+    """Transformer Engine's reference NVFP4 GEMM (profile knob w4a4_gemm="te-ref"), plain torch on every backend:
+    `kernels.reference.gemm_te_reference` (its docstring gives the arithmetic)."""
+    from minite_core.kernels.reference import gemm_te_reference as te_reference
+
+    return te_reference(a, b, amax_a, amax_b, e4m3_bounds, out_dtype)
+
+def gemm_vllm_cpu(x_q: ref.NVFP4Tensor, x_encode_scale: torch.Tensor, w_q: ref.NVFP4Tensor,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """vLLM's CPU emulation W4A4 GEMM (profile knob w4a4_gemm="vllm-cpu"), plain torch on every backend:
+    `kernels.vllm_cpu.gemm` (its docstring gives the arithmetic)."""
+    from minite_core.kernels import vllm_cpu
+
+    return vllm_cpu.gemm(x_q, x_encode_scale, w_q, dtype)
