@@ -78,6 +78,7 @@ from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.model import PRESETS, CausalLM, set_profile
+from minite_core.model.io import read_model_config
 from minite_core.nn import clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
@@ -109,7 +110,7 @@ CEILING_SHAPE, CEILING_REPS = 8192, 20
 @dataclass(frozen=True)
 class LearnerBenchConfig:
     name: str
-    model: str = "qwen3-30b-a3b"  # a model PRESETS key; layer shapes of the paper's model
+    model: str = "qwen3-30b-a3b"  # a model PRESETS key (layer shapes of the paper's model) or a checkpoint dir
     layers: int | None = None  # num_hidden_layers override (None = preset's)
     vocab_size: int | None = None  # vocabulary override (None = preset's)
     batch: int = 4
@@ -127,7 +128,8 @@ class LearnerBenchConfig:
     model_overrides: dict = field(default_factory=dict)  # any other ModelConfig field
 
     def model_config(self):
-        cfg = PRESETS[self.model]
+        """The preset's shape, or a checkpoint directory's (its config.json; the weights stay random)."""
+        cfg = PRESETS[self.model] if self.model in PRESETS else read_model_config(self.model)
         over = dict(self.model_overrides)
         if self.layers is not None:
             over["num_hidden_layers"] = self.layers
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--model", default=None, help="a model preset or a checkpoint directory whose shape to time "
+                                                   "(config.json; random weights)")
     ap.add_argument("--vocab", type=int, dest="vocab_size")
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iters", type=int)
@@ -564,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     profiles = tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None
     cfg = resolve_config(args.config, device, profiles=profiles, batch=args.batch, seq=args.seq, layers=args.layers,
+                         model=args.model,
                          vocab_size=args.vocab_size, warmup=args.warmup, iters=args.iters, budget_s=args.budget_s,
                          tf32=args.tf32, seed=args.seed, op_profile=args.op_profile)
     from minite_core.bench import learner_dist

@@ -5,6 +5,7 @@
 from pathlib import Path
 
 from minite_core.experiment import (
+    data_files,
     external_args,
     external_pairs,
     gpu_slots,
@@ -15,6 +16,7 @@ from minite_core.experiment import (
     run_options,
     section_json,
     slurm_gres,
+    your_model,
 )
 
 ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda: optional)
@@ -22,3 +24,5 @@ RUN = run_options(config)
 GPU = gpu_slots(
     config
 )  # one slot of the shared GPU per small job on CUDA (`--resources gpu=<gpu_slots>`)
+MODEL = your_model(config)  # your Hugging Face checkpoint (model.path), or None: the DAG makes its own
+DATA_FILES = data_files(config)  # your math data (data.train / data.heldout), or {}: the arithmetic task
