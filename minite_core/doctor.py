@@ -24,6 +24,7 @@ PACKAGES = (
     ("transformers", "tokenizers, checkpoint parity", "pip install -e ."),
     ("snakemake", "the DAG", 'pip install -e ".[workflow]"'),
     ("lm_eval", "lm-eval stage", 'pip install -e ".[workflow]"'),
+    ("math_verify", "the math reward on your own data (docs/your-model.md)", "pip install -e ."),
     ("tensorboard", "RL curves in TensorBoard", "pip install tensorboard"),
     ("transformer_engine", "`te:` learner profiles (real TE, GPU only)",
      "GPU machine: bash workflow/scripts/te_fetch.sh, then te_install_h200.sh (docs/gpu.md)"),

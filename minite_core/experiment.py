@@ -9,7 +9,9 @@ Two passes, each error one line naming the key path (`config: rl.runs[1].learner
    top-k <= experts), divisibility (`rl.mini_batches`, `quant_error.rows` with 16x16 blocks), enough task
    prompts for what the stages ask, no two RL runs with one name, eval runs that exist, `gpus_per_job` ranks
    that split the throughput bench's experts (expert parallelism) and the RL stage's mini-batches and experts,
-   `gpu_slots` that split over `gpus`.
+   `gpu_slots` that split over `gpus`; with your own model (`model.path`): a Qwen3 checkpoint directory whose
+   shapes the NVFP4 GEMMs take, your math data files (`data.train` / `data.heldout`) present and large enough,
+   a response budget, lm-eval task files present with their fields (eval/local_tasks.py).
 Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, the run options
 (`run_options`, with `--gpu-lease` on a machine of several GPUs), and how a learner job is launched
 (`launcher`: torchrun with more than one GPU a job, `stage_gpus`) and placed on Slurm (`slurm_gres`).
@@ -149,6 +151,17 @@ def gpu_slots(config: dict) -> int:
     return 1 if config["device"] == "cuda" else 0
 
 
+def your_model(config: dict) -> str | None:
+    """The Hugging Face checkpoint directory of `model.path` (None: the DAG makes its own base model)."""
+    return (config.get("model") or {}).get("path")
+
+
+def data_files(config: dict) -> dict[str, str]:
+    """{"train": FILE, "heldout": FILE} of your math data ({} : the DAG makes the arithmetic task's)."""
+    data = config.get("data") or {}
+    return {k: data[k] for k in ("train", "heldout") if data.get(k)}
+
+
 def input_path(config: dict, section: str, key: str, default):
     """A config path that names a rule input (`diagnostics.checkpoint`), or the DAG's own file when null."""
     return config[section][key] or default
@@ -217,6 +230,11 @@ def _check_profiles(config, errors):
 
 
 def _check_model(config, errors):
+    if your_model(config):
+        return _check_your_model(config, errors)
+    if data_files(config):
+        errors.append("config: data.train: your math data needs your model (model.path): the DAG's own model reads "
+                      "the arithmetic task with a character tokenizer, without a chat template")
     p = config["pretrain"]
     if p["num_attention_heads"] % p["num_key_value_heads"]:
         errors.append(f"config: pretrain.num_key_value_heads: {p['num_key_value_heads']} does not divide "
@@ -232,6 +250,70 @@ def _check_model(config, errors):
     lo, hi = p["target_accuracy"]
     if lo > hi:
         errors.append(f"config: pretrain.target_accuracy: low {lo} > high {hi}")
+
+
+def _count_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    with path.open(encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _check_your_model(config, errors):
+    """model.path: a Qwen3(-MoE) checkpoint directory with shapes the NVFP4 GEMMs take; its data files and tasks."""
+    from minite_core.model.config import ModelConfig
+
+    path = Path(your_model(config))
+    try:
+        cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    except FileNotFoundError:
+        return errors.append(f"config: model.path: {path} has no config.json (a Hugging Face checkpoint directory: "
+                             "config.json, safetensors, tokenizer files)")
+    except (ValueError, json.JSONDecodeError) as e:
+        return errors.append(f"config: model.path: {path / 'config.json'}: {e}")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        errors.append(f"config: model.path: {path} has no tokenizer files (tokenizer.json, tokenizer_config.json)")
+    for name, k in (("hidden_size", cfg.hidden_size), ("num_attention_heads * head_dim",
+                    cfg.num_attention_heads * cfg.head_dim), ("moe_intermediate_size", cfg.moe_intermediate_size),
+                    ("intermediate_size", cfg.intermediate_size)):
+        if k % 16:
+            errors.append(f"config: model.path: {name} = {k} of {path} is not a multiple of 16 (an NVFP4 GEMM's K)")
+    files = data_files(config)
+    if len(files) != 2:
+        return errors.append("config: data.train / data.heldout: your model trains on your math data: name both "
+                             "files (parquet or JSONL, docs/your-model.md)")
+    rows = {}
+    for split, file in files.items():
+        if not Path(file).is_file():
+            errors.append(f"config: data.{split}: {file} does not exist")
+        elif Path(file).suffix not in (".parquet", ".jsonl", ".json"):
+            errors.append(f"config: data.{split}: {file} is neither .parquet nor .jsonl")
+        else:
+            rows[split] = _count_rows(Path(file))
+    rl, d = config["rl"], config["diagnostics"]
+    if "heldout" in rows:
+        if rl["eval_n"] > rows["heldout"]:
+            errors.append(f"config: rl.eval_n: {rl['eval_n']} held-out problems per evaluation > the {rows['heldout']} "
+                          f"of data.heldout; lower it (0 = all)")
+        if d["num_prompts"] > rows["heldout"] and not d["prompts"]:
+            errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {rows['heldout']} problems "
+                          "of data.heldout")
+    if rl.get("runs") and not rl["max_new_tokens"]:
+        errors.append("config: rl.max_new_tokens: 0 means the longest reference response of the arithmetic task; "
+                      "set your data's response budget")
+    ev = config["eval"]
+    if ev["tasks"]:
+        errors.append(f"config: eval.tasks: {ev['tasks']} score the DAG's own arithmetic task; with model.path set "
+                      "eval.tasks: [] and name lm-eval tasks under eval.lm_eval")
+    from minite_core.eval.local_tasks import check_files
+
+    for name, task_files in ev.get("lm_eval", {}).items():
+        try:
+            check_files(name, task_files, ev["num_fewshot"])
+        except (ValueError, FileNotFoundError) as e:
+            errors.append(f"config: eval.lm_eval.{name}: {e}")
 
 
 def _check_rl_ranks(config, per_batch: int, errors):
@@ -253,6 +335,8 @@ def _check_rl_ranks(config, per_batch: int, errors):
                           "or group_size)")
             break
     experts = config.get("pretrain", {}).get("num_experts", 0)
+    if your_model(config) and (Path(your_model(config)) / "config.json").is_file():
+        experts = json.loads((Path(your_model(config)) / "config.json").read_text()).get("num_experts", 0)
     if experts % g:
         errors.append(f"config: gpus_per_job: {g} ranks do not split the {experts} experts of the RL model "
                       "(pretrain.num_experts; expert parallelism)")
@@ -268,21 +352,26 @@ def _check_sizes(config, errors):
     rows = config["quant_error"]["rows"]
     if rows % 16:
         errors.append(f"config: quant_error.rows: {rows} is not a multiple of 16 (the survey includes 16x16 blocks)")
-    data = config["data"]
+    n, bench = stage_gpus(config, "throughput"), config.get("throughput", {}).get("config", "tiny")
+    if n > 1 and BENCH_EXPERTS.get(bench, n) % n:
+        errors.append(f"config: gpus_per_job: {n} ranks do not split the {BENCH_EXPERTS[bench]} experts of "
+                      f"throughput.config {bench!r} (expert parallelism); use a divisor of {BENCH_EXPERTS[bench]}")
+    if not your_model(config):  # your data's counts: _check_your_model
+        _check_task_sizes(config, errors)
+
+
+def _check_task_sizes(config, errors):
+    """The arithmetic task's prompt space and held-out split against what the stages ask of them."""
+    data, rl, d = config["data"], config["rl"], config["diagnostics"]
     for level in data["levels"]:
         need = data["n_train_per_level"] + data["n_heldout_per_level"]
         if level in LEVEL_INDEX and need > prompt_space_size(level):
             errors.append(f"config: data.n_train_per_level: level {level} has {prompt_space_size(level)} distinct "
                           f"prompts, train + held-out ask for {need}")
-    d = config["diagnostics"]
     heldout = data["n_heldout_per_level"] * len(data["levels"])
     if rl["eval_n"] > heldout:
         errors.append(f"config: rl.eval_n: {rl['eval_n']} held-out problems per evaluation > the {heldout} of the "
                       "data stage (data.n_heldout_per_level x levels)")
-    n, bench = stage_gpus(config, "throughput"), config.get("throughput", {}).get("config", "tiny")
-    if n > 1 and BENCH_EXPERTS.get(bench, n) % n:
-        errors.append(f"config: gpus_per_job: {n} ranks do not split the {BENCH_EXPERTS[bench]} experts of "
-                      f"throughput.config {bench!r} (expert parallelism); use a divisor of {BENCH_EXPERTS[bench]}")
     if not d["prompts"] and d["num_prompts"] > heldout:
         errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {heldout} held-out prompts of "
                       "the data stage")

@@ -11,7 +11,7 @@ from minite_core.engines import Sampler
 from minite_core.model import CausalLM, set_profile
 from minite_core.rl.heldout import Heldout, binomial_se, evaluate, heldout_set, paired_gain
 from minite_core.rl.pretrain import PretrainConfig
-from minite_core.task.arithmetic import LEVEL_INDEX, TaskConfig, make_splits
+from minite_core.task.arithmetic import LEVEL_INDEX, LEVELS, TaskConfig, make_splits
 from minite_core.task.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,7 +50,7 @@ def test_standard_errors():
 
 
 def test_metrics_per_level():
-    h = Heldout(correct=(True, False, True, True), levels=(0, 1, 0, 1), response_len=70.0)
+    h = Heldout(correct=(True, False, True, True), groups=("add2", "add3", "add2", "add3"), response_len=70.0)
     m = h.metrics()
     assert m["acc"] == 0.75 and m["se"] == pytest.approx(math.sqrt(0.75 * 0.25 / 4))
     assert m["acc/add2"] == 1.0 and m["acc/add3"] == 0.5 and m["response_len"] == 70.0
@@ -74,7 +74,7 @@ def test_evaluate_is_batched_greedy_and_restores_the_model(monkeypatch):
     ex = _examples(per_level=3)
     res = evaluate(model, "bf16", build_tokenizer(), ex, max_new_tokens=8, batch_size=4)
     assert calls == [(6, 4, 0.0, "bf16")]  # one engine call for all problems, in batches of 4, greedy
-    assert res.n == 6 and res.levels == tuple(e["level"] for e in ex) and 1 <= res.response_len <= 8
+    assert res.n == 6 and res.groups == tuple(LEVELS[e["level"]].name for e in ex) and 1 <= res.response_len <= 8
     assert model.profile.name == "te-nvfp4" and model.training
     with pytest.raises(ValueError, match="empty"):
         evaluate(model, "bf16", build_tokenizer(), [], max_new_tokens=8)

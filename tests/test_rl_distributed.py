@@ -22,6 +22,7 @@ from minite_core.model import load_pretrained
 from minite_core.results import read_result
 from minite_core.rl import train as train_mod
 from minite_core.rl.train import TIMING_PREFIX, RLConfig, train
+from minite_core.task.tasks import ArithmeticTask
 from minite_core.runs.steplog import StepLog
 import test_rl_loop
 
@@ -44,7 +45,7 @@ WEIGHT_TOL = {"bf16": 2 * 1e-3 * RL.steps, "minite": 1e-4}
 GRAD_TOL = 2 ** -6
 
 
-def _digit_reward(text, answer, credit=0.0):
+def _digit_reward(self, text, row, credit=0.0):
     return float("7" in text)
 
 
@@ -61,7 +62,7 @@ def _kw(base, out, pair, **extra):
 
 def _worker(rank, world, port, kw):
     torch.set_num_threads(1)
-    train_mod.reward = _digit_reward
+    ArithmeticTask.reward = _digit_reward
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
         train(**kw)
@@ -90,7 +91,7 @@ def runs(base, tmp_path_factory):
         if pair not in cache:
             root = tmp_path_factory.mktemp(pair)
             with pytest.MonkeyPatch.context() as mpatch:
-                mpatch.setattr(train_mod, "reward", _digit_reward)
+                mpatch.setattr(ArithmeticTask, "reward", _digit_reward)
                 train(**_kw(base, root / "one", pair))
             _two_ranks(_kw(base, root / "two", pair))
             cache[pair] = root / "one", root / "two"

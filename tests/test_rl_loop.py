@@ -27,6 +27,7 @@ from minite_core.runs.state import read_state_file, write_state_file
 from minite_core.runs.steplog import StepLog
 from minite_core.rl.pretrain import PretrainConfig, pretrain
 from minite_core.rl.train import TIMING_PREFIX, RLConfig, run_name, train
+from minite_core.task.tasks import ArithmeticTask
 
 DATA = {"levels": ["add2"], "n_train_per_level": 64, "n_heldout_per_level": 4}
 TINY = PretrainConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -50,7 +51,7 @@ def base(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def digit_reward(monkeypatch):
-    monkeypatch.setattr(train_mod, "reward", lambda text, answer, credit=0.0: float("7" in text))
+    monkeypatch.setattr(ArithmeticTask, "reward", lambda self, text, row, credit=0.0: float("7" in text))
 
 
 def _run(base, out, **kw):

@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--model", default=None, help="a model preset or a checkpoint directory whose shape to time "
+                                                   "(config.json; random weights)")
     ap.add_argument("--vocab", type=int, dest="vocab_size")
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iters", type=int)
@@ -270,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     profiles = tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None
     cfg = resolve_config(args.config, device, profiles=profiles, batch=args.batch, seq=args.seq, layers=args.layers,
+                         model=args.model,
                          vocab_size=args.vocab_size, warmup=args.warmup, iters=args.iters, budget_s=args.budget_s,
                          tf32=args.tf32, seed=args.seed, op_profile=args.op_profile)
     from minite_core.bench import learner_dist

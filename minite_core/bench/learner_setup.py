@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from minite_core.model import PRESETS, CausalLM
+from minite_core.model.io import read_model_config
 from minite_core.nn import track_optimizer
 from minite_core.nn.walk import set_sr_seeds
 
@@ -55,7 +56,7 @@ CEILING_SHAPE, CEILING_REPS = 8192, 20
 @dataclass(frozen=True)
 class LearnerBenchConfig:
     name: str
-    model: str = "qwen3-30b-a3b"  # a model PRESETS key; layer shapes of the paper's model
+    model: str = "qwen3-30b-a3b"  # a model PRESETS key (layer shapes of the paper's model) or a checkpoint dir
     layers: int | None = None  # num_hidden_layers override (None = preset's)
     vocab_size: int | None = None  # vocabulary override (None = preset's)
     batch: int = 4
@@ -73,7 +74,8 @@ class LearnerBenchConfig:
     model_overrides: dict = field(default_factory=dict)  # any other ModelConfig field
 
     def model_config(self):
-        cfg = PRESETS[self.model]
+        """The preset's shape, or a checkpoint directory's (its config.json; the weights stay random)."""
+        cfg = PRESETS[self.model] if self.model in PRESETS else read_model_config(self.model)
         over = dict(self.model_overrides)
         if self.layers is not None:
             over["num_hidden_layers"] = self.layers

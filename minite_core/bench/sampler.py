@@ -13,7 +13,9 @@ row records the error and the eager fast path is measured in an extra row (`engi
 Shapes: "rl" = the RL model of experiments/h200.yaml (hidden 256, 4 layers, 8/2 heads × 32, 8 experts top-2 ×
 256, vocab 64), fp32 master weights as the RL stage holds them; "weight-bound" = a dense Qwen3-8B-like model
 (hidden 4096, 8 layers, 32/8 heads × 128, SwiGLU 12288, vocab 32,768) with bf16 weights (what a server holds),
-batch <= 16. CPU ("tiny"): the same code on tiny models. Static-scale profiles are calibrated on random tokens.
+batch <= 16. CPU ("tiny"): the same code on tiny models. `--model DIR` (a checkpoint directory, or a model preset):
+one shape, "model", that model's config.json at the RL batches in bf16 with random weights — your model's decode
+speed under each profile. Static-scale profiles are calibrated on random tokens.
 
 Profiles: bf16, the three NVFP4 sampler profiles with cached-bf16 decode GEMMs, and the same three with packed-weight
 decode GEMMs (`<profile>-packed`, profiles.py `decode_gemm`; rows carry `decode_gemm` and, for packed rows,
@@ -39,7 +41,8 @@ from minite_core.bench.timing import Stats, Timer, copy_bandwidth
 from minite_core.engines import FastSampler, Sampler
 from minite_core.engines.fast_sampler import GraphCaptureError
 from minite_core.engines.sampler import batch_bucket, cache_slots
-from minite_core.model import CausalLM, ModelConfig, use_profile
+from minite_core.model import PRESETS, CausalLM, ModelConfig, use_profile
+from minite_core.model.io import read_model_config
 from minite_core.model.calibrate import calibrate
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
@@ -74,6 +77,7 @@ class SamplerBenchConfig:
     cpu_threads: int | None = None
     seed: int = 0
     op_profile: bool = False  # per profile, RL shape at reference_batch: the kernels of one decode step (untimed)
+    model: str | None = None  # a checkpoint dir / preset: the "model" shape (module docstring)
 
 
 CONFIGS = {
@@ -83,8 +87,12 @@ CONFIGS = {
 }
 
 
-def shape_config(shape: str, tiny: bool) -> tuple[ModelConfig, torch.dtype]:
+def shape_config(shape: str, tiny: bool, model: str | None = None) -> tuple[ModelConfig, torch.dtype]:
     """(model config, parameter dtype) of a bench shape (module docstring)."""
+    if shape == "model":
+        if model is None:
+            raise ValueError("shape 'model' needs --model (a checkpoint directory or a model preset)")
+        return (PRESETS[model] if model in PRESETS else read_model_config(model)), torch.bfloat16
     common = dict(rope_theta=10000.0, max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
                   tie_word_embeddings=False)
     if shape == "rl":
@@ -103,13 +111,13 @@ def shape_config(shape: str, tiny: bool) -> tuple[ModelConfig, torch.dtype]:
         cfg = ModelConfig(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, mlp_only_layers=(),
                           **size, **common)
         return cfg, torch.bfloat16
-    raise ValueError(f"unknown bench shape {shape!r}; one of rl, weight-bound")
+    raise ValueError(f"unknown bench shape {shape!r}; one of rl, weight-bound, model")
 
 
 def build(shape: str, cfg: SamplerBenchConfig, device: torch.device) -> CausalLM:
     """Random model on `device` (bench.learner.random_model), static activation scales calibrated on random
     tokens when a profile needs them."""
-    mcfg, dtype = shape_config(shape, cfg.tiny)
+    mcfg, dtype = shape_config(shape, cfg.tiny, cfg.model)
     model, gen = random_model(mcfg, dtype, device, cfg.seed)
     for name in cfg.profiles:
         if get_profile(name).needs_calibration:
@@ -218,14 +226,14 @@ def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
         rows, reference, profiles = [], [], {}
         for shape in cfg.shapes:
             model = build(shape, cfg, device)
-            for batch in cfg.rl_batches if shape == "rl" else cfg.weight_bound_batches:
+            for batch in cfg.weight_bound_batches if shape == "weight-bound" else cfg.rl_batches:
                 rows += _rows_for(model, shape, batch, cfg, device, deadline, log)
             if shape == "rl":
                 reference = _reference_rows(model, cfg, device, deadline)
                 if cfg.op_profile:
                     prompts = _prompts(cfg.reference_batch, cfg, model.config.vocab_size)
                     profiles = {name: op_profile(model, name, prompts, cfg, device, log) for name in cfg.profiles}
-            elif cfg.op_profile:  # weight-bound, batch 1: where a step's time goes against the byte limit
+            elif cfg.op_profile and shape == "weight-bound":  # batch 1: where a step's time goes against the byte limit
                 prompts = _prompts(1, cfg, model.config.vocab_size)
                 profiles.update({f"weight-bound/{name}": op_profile(model, name, prompts, cfg, device, log)
                                  for name in cfg.profiles})
@@ -236,7 +244,7 @@ def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
     copy_gbps = copy_bandwidth(device) if device.type == "cuda" else None
     _add_ratios(rows, reference, copy_gbps)
     config = {**dataclasses.asdict(cfg), "device": str(device),
-              "model_configs": {s: dataclasses.asdict(shape_config(s, cfg.tiny)[0]) for s in cfg.shapes}}
+              "model_configs": {s: dataclasses.asdict(shape_config(s, cfg.tiny, cfg.model)[0]) for s in cfg.shapes}}
     return {"schema": SCHEMA, "experiment": None, "config": config, "env": env_info(), "rows": rows,
             "reference": reference, "ceilings": {"copy_gbps": copy_gbps},
             "targets": check_targets(rows, device.type == "cuda"),
@@ -331,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="minite bench sampler", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="tiny | h200 (default: h200 on CUDA, tiny on CPU)")
     ap.add_argument("--profiles", default=None, help="comma list (bf16 first is the baseline)")
-    ap.add_argument("--shapes", default=None, help="comma list of rl, weight-bound")
+    ap.add_argument("--shapes", default=None, help="comma list of rl, weight-bound (model: with --model)")
+    ap.add_argument("--model", default=None, help="a checkpoint directory or model preset: time its shape only")
     ap.add_argument("--new-tokens", type=int, dest="new_tokens")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock budget (rows left are skipped)")
@@ -347,11 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     over = {"profiles": tuple(p.strip() for p in args.profiles.split(",") if p.strip()) if args.profiles else None,
             "shapes": tuple(s.strip() for s in args.shapes.split(",") if s.strip()) if args.shapes else None,
             "new_tokens": args.new_tokens, "reps": args.reps, "budget_s": args.budget_s, "seed": args.seed,
-            "op_profile": args.op_profile}
+            "op_profile": args.op_profile, "model": args.model,
+            **({"shapes": ("model",)} if args.model and not args.shapes else {})}
     try:
         cfg = dataclasses.replace(CONFIGS[name], **{k: v for k, v in over.items() if v is not None})
         for shape in cfg.shapes:
-            shape_config(shape, cfg.tiny)
+            shape_config(shape, cfg.tiny, cfg.model)
         if cfg.new_tokens < 2 or cfg.reps < 1:
             raise ValueError(f"need --new-tokens >= 2 and --reps >= 1, got {cfg.new_tokens}, {cfg.reps}")
     except ValueError as e:

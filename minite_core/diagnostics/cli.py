@@ -11,8 +11,8 @@ from the naive pair (diagnostics.attribution); `--k3-budget` the mismatch gate (
 line per pair over budget). Output: one JSON per the results contract (stage "diagnostics"), figures optional
 (diagnostics.figures).
 
-Prompts: `--prompts` task JSONL (field "prompt", encoded with the checkpoint's tokenizer, which must be in the
-checkpoint dir) or random token prompts from the seed. Static activation scales (vllm-nvfp4) are calibrated on
+Prompts: `--prompts` task JSONL (the arithmetic task's rows, or your math data's: encoded as the RL stage encodes
+them, task/tasks.py, with the checkpoint's tokenizer, which must be in the checkpoint dir) or random token prompts from the seed. Static activation scales (vllm-nvfp4) are calibrated on
 data that is NOT measured: `--calib` JSONL (`--num-calib` examples chosen by --seed, through the calibration path
 every stage shares: engines.calibration) or random token sequences from a different seed stream; a checkpoint
 that already carries calibrated `input_amax` for every GEMM keeps them unless --calib is given. Every random draw
@@ -56,6 +56,7 @@ from minite_core.runs.cli import add_common_args, parse_with_config
 from minite_core.seeds import tagged
 from minite_core.task.jsonl import read_jsonl
 from minite_core.task.data import calibration_examples
+from minite_core.task.tasks import task_of
 from minite_core.task.tokenizer import BOS_ID, EOS_ID
 
 DEFAULT_PAIRS = "bf16:bf16,te-nvfp4:vllm-nvfp4,te-nvfp4:vllm-marlin-w4a16,minite:minite"
@@ -116,13 +117,13 @@ def jsonl_prompts(path, tokenizer, n: int) -> list[list[int]]:
     rows = read_jsonl(path)[:n]
     if len(rows) < n:
         raise ValueError(f"{path}: asked for {n} prompts, file has {len(rows)}")
-    return [tokenizer(r["prompt"])["input_ids"] for r in rows]
+    return task_of(rows).prompt_ids(tokenizer, rows)
 
 
 def _check_disjoint(calib_path, rows: list[dict], prompts: list[list[int]], tokenizer) -> None:
     """Static scales fitted on the measured prompts would flatter the static sampler: refuse any overlap."""
     measured = {tuple(p) for p in prompts}
-    shared = [r["prompt"] for r in rows if tuple(tokenizer(r["prompt"])["input_ids"]) in measured]
+    shared = [r["prompt"] for r, ids in zip(rows, task_of(rows).prompt_ids(tokenizer, rows)) if tuple(ids) in measured]
     if shared:
         raise ValueError(f"--calib {calib_path} shares {len(shared)} prompts with the measured ones "
                          f"(e.g. {shared[0]!r}); calibrate on held-out data")
@@ -350,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_tokenizer(ckpt)
     if (args.prompts or args.calib) and tokenizer is None:
         raise FileNotFoundError(f"--prompts/--calib are text: {ckpt} has no tokenizer.json to encode them with")
-    eos = tokenizer.eos_token_id if tokenizer is not None else EOS_ID
+    stop = (tokenizer.eos_token_id,) if tokenizer is not None else (EOS_ID,)
     if args.prompts:
         prompts, prompt_src = jsonl_prompts(args.prompts, tokenizer, args.num_prompts), str(args.prompts)
+        stop = task_of(read_jsonl(args.prompts)[:1]).stop_ids(tokenizer)  # the RL stage's stop tokens
     else:
         prompts, prompt_src = random_prompts(args.num_prompts, vocab, args.seed), f"random(seed={args.seed})"
 
@@ -364,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         calib_src = calibrate_for_diagnose(model, args, prompts, tokenizer, vocab)
 
     result = diagnose(model, pairs, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      top_p=args.top_p, seed=args.seed, stop_ids=(eos,), batch_size=args.batch_size,
+                      top_p=args.top_p, seed=args.seed, stop_ids=stop, batch_size=args.batch_size,
                       trace=args.trace, trace_sequences=args.trace_sequences, trace_threshold=args.trace_threshold,
                       attribution=args.attribution, attribution_base=base,
                       attribution_target=args.attribution_target,

@@ -1,18 +1,24 @@
 """`minite eval`: lm-eval on one checkpoint under one execution profile, fully offline (table: report.tables).
 
-    minite eval --checkpoint DIR --profile NAME --data-dir DIR --out FILE.json
-                [--tasks heldout_gen,heldout_mc,heldout_ppl] [--limit N] [--experiment NAME] [--run NAME]
-                [--calib JSONL] [--calib-n 32] [--recalibrate] [--dtype auto|float32|bfloat16]
+    minite eval --checkpoint DIR --profile NAME --out FILE.json [--data-dir DIR]
+                [--tasks heldout_gen,heldout_mc,heldout_ppl] [--lm-eval-json '{"gsm8k": {"test": F, "train": F}}']
+                [--num-fewshot N] [--apply-chat-template] [--max-gen-toks 256] [--limit N] [--experiment NAME]
+                [--run NAME] [--calib JSONL] [--calib-n 32] [--recalibrate] [--dtype auto|float32|bfloat16]
                 [--batch-size 8] [--device cpu] [--spec-json '{}'] [--samples FILE.jsonl] [--tasks-dir DIR]
 
-The task YAML is built from `DATA_DIR/heldout.jsonl` (`minite data`'s layout) into a temporary folder (or
-`--tasks-dir`), run through `lm_eval.simple_evaluate` with `model="minite"`, and the scores written as our own JSON
+Two kinds of tasks, side by side in one run: the project's own (`--tasks`; their YAML is built from
+`DATA_DIR/heldout.jsonl`, `minite data`'s layout, eval/tasks.py; `--tasks ""` runs none) and lm-eval's own task
+definitions on local files (`--lm-eval-json`: task name -> {split: file}, eval/local_tasks.py: gsm8k,
+minerva_math500, hendrycks_math500). Both go into a temporary folder (or `--tasks-dir`), run through
+`lm_eval.simple_evaluate` with `model="minite"`, and the scores written as our own JSON
 (stage "eval", the results contract) — lm-eval's own output files carry timestamps in their names, so a DAG cannot
 name them. Metric keys are `{task}/{metric}` (`heldout_gen/exact_match`, `heldout_mc/acc`, ...) with the stderr as
 `{task}/{metric}_stderr`; per-level scores go under the extra key `by_level`.
 
-`--limit N` picks N held-out examples round-robin over levels (tasks.select), the same N for every task.
-The tokenizer is the checkpoint's when it has one, else `DATA_DIR/tokenizer`.
+`--limit N` picks N held-out examples round-robin over levels (tasks.select), the same N for every task (lm-eval's
+tasks: their first N documents). `--num-fewshot` overrides the tasks' few-shot count, `--apply-chat-template`
+renders prompts with the checkpoint's chat template (lm-eval's option), `--max-gen-toks` is the generation budget
+of tasks that set none. The tokenizer is the checkpoint's when it has one, else `DATA_DIR/tokenizer`.
 
 Offline: the tasks read local JSON (datasets' packaged `json` builder), the model and tokenizer load from local
 directories with `local_files_only`; `run_eval` also sets HF_DATASETS_OFFLINE / HF_HUB_OFFLINE (unless set) before
@@ -57,7 +63,9 @@ def _by_level(samples: dict[str, list[dict]], metrics: dict[str, list[str]]) -> 
     for task, rows in samples.items():
         per: dict[str, dict[str, list[float]]] = {}
         for row in rows:
-            level = row["doc"].get("level_name", str(row["doc"].get("level")))
+            level = row["doc"].get("level_name")  # our own tasks' docs; lm-eval's tasks have no levels
+            if level is None:
+                continue
             for m in metrics.get(task, []):
                 if isinstance(row.get(m), (int, float)):
                     per.setdefault(level, {}).setdefault(m, []).append(float(row[m]))
@@ -67,39 +75,55 @@ def _by_level(samples: dict[str, list[dict]], metrics: dict[str, list[str]]) -> 
     return out
 
 
-def run_eval(*, checkpoint, profile: str, data_dir, tasks=None, limit: int | None = None, calib=None,
+def run_eval(*, checkpoint, profile: str, data_dir=None, tasks=None, limit: int | None = None, calib=None,
              dtype: str = "auto", batch_size: int = 8, device: str = "cpu", spec: dict | None = None,
              tasks_dir=None, calib_n: int = 32, recalibrate: bool = False, seed: int = 0,
-             engine: str | None = None) -> dict:
+             engine: str | None = None, lm_eval_tasks: dict | None = None, num_fewshot: int | None = None,
+             apply_chat_template: bool = False, max_gen_toks: int = 256) -> dict:
     """Build the tasks, evaluate, and return `{"metrics", "by_level", "n_docs", "calibration", "samples"}`.
-    engine: the rollout engine of generation tasks (None: automatic for the device)."""
+    tasks: our own (None = all of them, () = none); lm_eval_tasks: {lm-eval task: {split: file}}; engine: the
+    rollout engine of generation tasks (None: automatic for the device)."""
     # fully offline: `datasets` reads these when first imported, which is inside simple_evaluate's task loading
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import lm_eval
 
     from minite_core.eval.lm import MiniteLM
+    from minite_core.eval.local_tasks import write_local_tasks
     from minite_core.eval.tasks import TASKS, TaskSpec, build_tasks, task_manager
 
-    tasks = tuple(tasks or TASKS)
-    checkpoint, data_dir = Path(checkpoint), Path(data_dir)
-    tokenizer = checkpoint if (checkpoint / "tokenizer.json").exists() else data_dir / TOKENIZER
+    own = tuple(TASKS if tasks is None else tasks)
+    lm_eval_tasks = dict(lm_eval_tasks or {})
+    if not own and not lm_eval_tasks:
+        raise ValueError("no tasks to evaluate: name --tasks and/or --lm-eval-json")
+    checkpoint = Path(checkpoint)
+    if own and data_dir is None:
+        raise ValueError(f"tasks {list(own)} read DATA_DIR/heldout.jsonl: give --data-dir")
+    tokenizer = checkpoint if (checkpoint / "tokenizer.json").exists() else Path(data_dir or checkpoint) / TOKENIZER
     task_spec = TaskSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (spec or {}).items()})
     with tempfile.TemporaryDirectory(prefix="minite-eval-tasks-") as tmp:
-        folder = build_tasks(data_dir / HELDOUT, tasks_dir or tmp, task_spec, tasks, limit)
+        folder = Path(tasks_dir or tmp)
+        write_local_tasks(lm_eval_tasks, folder, num_fewshot)  # first: a missing file fails before the model loads
+        if own:
+            build_tasks(Path(data_dir) / HELDOUT, folder, task_spec, own, limit)
         lm = MiniteLM(pretrained=str(checkpoint), profile=profile, dtype=dtype, batch_size=batch_size,
                       device=device, tokenizer=str(tokenizer), calib=str(calib) if calib else None,
-                      calib_n=calib_n, recalibrate=recalibrate, seed=seed, engine=engine)
-        res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=task_manager(folder),
-                                      log_samples=True, bootstrap_iters=1000)  # > 0: closed-form stderrs
-
+                      calib_n=calib_n, recalibrate=recalibrate, seed=seed, max_gen_toks=max_gen_toks,
+                      engine=engine)
+        names_all = [*own, *lm_eval_tasks]
+        res = lm_eval.simple_evaluate(model=lm, tasks=names_all, task_manager=task_manager(folder),
+                                      log_samples=True, bootstrap_iters=1000,  # > 0: closed-form stderrs
+                                      num_fewshot=num_fewshot, apply_chat_template=apply_chat_template,
+                                      limit=limit if lm_eval_tasks else None)
+    tasks = names_all
     metrics, names = {}, {}
     for task in tasks:
         numbers = _numbers(res["results"][task])
         names[task] = [m for m in numbers if not m.endswith("_stderr")]
         metrics.update({f"{task}/{m}": v for m, v in numbers.items()})
     return {"metrics": metrics, "by_level": _by_level(res["samples"], names),
-            "n_docs": {t: len(res["samples"][t]) for t in tasks}, "calibration": lm.calibration,
+            "n_docs": {t: len({r["doc_id"] for r in res["samples"][t]}) for t in tasks},  # a sample per filter
+            "calibration": lm.calibration,
             "samples": res["samples"], "lm_eval_version": lm_eval.__version__}
 
 
@@ -108,9 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="minite eval", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="transformers-format checkpoint directory")
     p.add_argument("--profile", required=True, help="execution profile name (minite_core.profiles)")
-    p.add_argument("--data-dir", required=True, help="`minite data` output: heldout.jsonl (+ tokenizer/)")
+    p.add_argument("--data-dir", default=None, help="`minite data` output: heldout.jsonl (+ tokenizer/), for --tasks")
     p.add_argument("--out", required=True, help="result JSON (stage eval)")
-    p.add_argument("--tasks", default=None, help="comma-separated subset of heldout_gen,heldout_mc,heldout_ppl")
+    p.add_argument("--tasks", default=None, help="comma-separated subset of heldout_gen,heldout_mc,heldout_ppl "
+                                                 "('' = none; default: all)")
+    p.add_argument("--lm-eval-json", default="{}", help="lm-eval's own tasks on local files: "
+                   '\'{"gsm8k": {"test": FILE, "train": FILE}, "minerva_math500": {"test": FILE}}\'')
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
+    p.add_argument("--apply-chat-template", action="store_true", help="render prompts with the chat template")
+    p.add_argument("--max-gen-toks", type=int, default=256, help="generation budget of tasks that set none")
     p.add_argument("--limit", type=int, default=None, help="held-out examples, round-robin over levels")
     p.add_argument("--calib", default=None, help="JSONL for static activation scales (e.g. train.jsonl)")
     p.add_argument("--calib-n", type=int, default=32, help="calibration examples")
@@ -125,25 +155,32 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(p, config_help="the experiment's `eval:` section as JSON minus runs/profiles (keys = the flags)")
     args = parse_with_config(p, argv)
 
-    for flag, value in (("--limit", args.limit or 1), ("--batch-size", args.batch_size), ("--calib-n", args.calib_n)):
+    for flag, value in (("--limit", args.limit or 1), ("--batch-size", args.batch_size), ("--calib-n", args.calib_n),
+                        ("--max-gen-toks", args.max_gen_toks), ("--num-fewshot", 1 + (args.num_fewshot or 0))):
         if value < 1:
-            p.error(f"{flag} must be >= 1, got {value}")
+            p.error(f"{flag} must be >= {1 if flag != '--num-fewshot' else 0}, got {value}")
     try:
-        spec = json.loads(args.spec_json)
+        spec, lm_eval_tasks = json.loads(args.spec_json), json.loads(args.lm_eval_json)
     except json.JSONDecodeError as e:
-        p.error(f"--spec-json is not JSON: {e}")
-    tasks = tuple(t for t in (args.tasks or "").split(",") if t) or None
+        p.error(f"--spec-json / --lm-eval-json is not JSON: {e}")
+    if not isinstance(lm_eval_tasks, dict) or not all(isinstance(v, dict) for v in lm_eval_tasks.values()):
+        p.error('--lm-eval-json must map a task name to its files: {"gsm8k": {"test": FILE, "train": FILE}}')
+    tasks = None if args.tasks is None else tuple(t for t in args.tasks.split(",") if t)
     unknown = sorted(set(tasks or ()) - set(KNOWN_TASKS))
     if unknown:
         p.error(f"--tasks: unknown task(s) {unknown}; known: {', '.join(KNOWN_TASKS)}")
     out = run_eval(checkpoint=args.checkpoint, profile=args.profile, data_dir=args.data_dir, tasks=tasks,
                    limit=args.limit, calib=args.calib, dtype=args.dtype, batch_size=args.batch_size,
                    device=args.device, spec=spec, tasks_dir=args.tasks_dir, calib_n=args.calib_n,
-                   recalibrate=args.recalibrate, seed=args.seed, engine=args.execution.sampler_engine)
+                   recalibrate=args.recalibrate, seed=args.seed, engine=args.execution.sampler_engine,
+                   lm_eval_tasks=lm_eval_tasks, num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
+                   max_gen_toks=args.max_gen_toks)
     config = {"checkpoint": str(args.checkpoint), "run": args.run or _run_name(Path(args.checkpoint)),
               "profile": args.profile, "dtype": args.dtype, "tasks": list(out["n_docs"]), "limit": args.limit,
               "calib": args.calib, "calib_n": args.calib_n, "recalibrate": args.recalibrate,
-              "batch_size": args.batch_size, "device": args.device, "spec": spec, "data_dir": str(args.data_dir)}
+              "batch_size": args.batch_size, "device": args.device, "spec": spec, "data_dir": args.data_dir,
+              "lm_eval_tasks": lm_eval_tasks, "num_fewshot": args.num_fewshot,
+              "apply_chat_template": args.apply_chat_template, "max_gen_toks": args.max_gen_toks}
     write_result(args.out, stage="eval", experiment=args.experiment, config=config, metrics=out["metrics"],
                  by_level=out["by_level"], n_docs=out["n_docs"], calibration=out["calibration"],
                  lm_eval_version=out["lm_eval_version"])
@@ -152,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.samples, "w") as f:
             for task, rows in out["samples"].items():
                 for row in rows:
-                    f.write(json.dumps({"task": task, "doc_index": row["doc"].get("doc_index"),
+                    f.write(json.dumps({"task": task, "doc_index": row["doc"].get("doc_index", row.get("doc_id")),
+                                        "filter": row.get("filter"),
                                         "resps": row["filtered_resps"], "target": row["target"],
                                         **{m: row[m] for m in row if m.split("/")[0] in
                                            ("exact_match", "acc", "acc_norm")}}, default=str) + "\n")

@@ -24,6 +24,8 @@ Conventions, chosen to match lm-eval's `hf` model request by request:
   deliberately differ (that term is not part of the text's likelihood).
 - `dtype=float32` promotes the profile's compute, router and LM-head dtypes to fp32 (the peer-check setting);
   parameters are always loaded as fp32 masters and cast per op by the profile.
+- chat: `apply_chat_template` renders lm-eval's messages with the tokenizer's own chat template (the
+  checkpoint's), as `hf` does, when `simple_evaluate(apply_chat_template=True)` asks for it.
 - static-scale profiles (`vllm-nvfp4`) need calibrated activation amaxes: taken from the checkpoint when it
   carries them (unless `recalibrate=True`), else computed on `calib=PATH.jsonl` (`calib_n` examples chosen by
   `seed`) by the path every stage shares (engines.calibration: the same examples give RL's scales), else an
@@ -138,6 +140,16 @@ class MiniteLM(TemplateLM):
     @property
     def tokenizer_name(self) -> str:
         return self.tokenizer.name_or_path.replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.tokenizer.chat_template if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"minite: tokenizer of {self.pretrained} has no chat template; evaluate without "
+                             "apply_chat_template")
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         if add_special_tokens is None:  # as lm-eval's hf: no second <bos> if the text already starts with one

@@ -156,6 +156,9 @@ def section_pretrain(results: Path) -> str:
     res = _load(results / "pretrain" / "pretrain.json", "pretrain")
     head = "## Base model (SFT-pretrained in the DAG)\n\n"
     if res is None:
+        yours = sorted({s["config"].get("pretrained") for s in load_summaries(results)} - {None})
+        if yours and all(not Path(p).is_relative_to(results) for p in yours):  # model.path: nothing pretrained
+            return "## Base model\n\nYour checkpoint: " + ", ".join(f"`{p}`" for p in yours) + " (not pretrained here)\n"
         return head + absent(results, "logs/pretrain.log") + "\n"
     m = res["metrics"]
     items = [f"- {k}: {_fmt(v)}" for k, v in m.items() if not isinstance(v, (dict, list))]

@@ -13,7 +13,9 @@ from pathlib import Path
 from minite_core.results import read_result
 
 # The headline column of each task in eval_table (lower is better for bits per byte).
-HEADLINE = {"heldout_gen": "exact_match", "heldout_mc": "acc", "heldout_ppl": "bits_per_byte"}
+HEADLINE = {"heldout_gen": "exact_match", "heldout_mc": "acc", "heldout_ppl": "bits_per_byte",
+            # lm-eval's own tasks on your files (eval/local_tasks.py): the metric papers quote
+            "gsm8k": "exact_match[strict-match]", "minerva_math500": "math_verify", "hendrycks_math500": "exact_match"}
 
 
 # ---- quantization error ------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ rests on.
 
 What:
 - ``heldout_set(examples, n)``: the evaluation set, chosen once per run: n problems taken round-robin over the
-  levels in file order (per-level counts differ by at most one), so every evaluation of a run, and every run of an
+  levels in file order (per-level counts differ by at most one; your own math data: by data source, task/tasks.py), so every evaluation of a run, and every run of an
   experiment, scores the same problems. n = 0: the whole split.
 - ``evaluate(model, profile, tok, examples, ...)``: greedy generation of every problem through the sampler engine
   (``engines.make_sampler``: the fast CUDA-graph decode on the GPU, the reference on CPU; or the caller's own
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 from minite_core.engines import make_sampler
 from minite_core.profiles import get_profile
-from minite_core.task.arithmetic import LEVELS, reward
-from minite_core.task.tokenizer import decode_response, encode
+from minite_core.task.tasks import task_of
 
 
 def heldout_set(examples: list[dict], n: int) -> list[dict]:
@@ -47,10 +46,13 @@ def heldout_set(examples: list[dict], n: int) -> list[dict]:
                          "rl.eval_n or raise data.n_heldout_per_level")
     if n == 0:
         return list(examples)
-    by_level: dict[int, list[dict]] = {}
+    task = task_of(examples)
+    by_group: dict[str, list[dict]] = {}
     for e in examples:
-        by_level.setdefault(e["level"], []).append(e)
-    queues = [iter(v) for _, v in sorted(by_level.items())]
+        by_group.setdefault(task.group(e), []).append(e)
+    # levels in index order (as the task lists them), other groups (data sources) in order of first appearance
+    queues = [iter(v) for v in sorted(by_group.values(), key=lambda v: v[0].get("level", 0)
+                                      if isinstance(v[0].get("level"), int) else 0)]
     out: list[dict] = []
     while len(out) < n:  # terminates: n <= len(examples)
         for q in queues:
@@ -79,10 +81,10 @@ def paired_gain(before: list[bool], after: list[bool]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Heldout:
-    """One evaluation: per-problem outcomes (in set order), their levels, mean response length."""
+    """One evaluation: per-problem outcomes (in set order), their groups (levels / sources), mean response length."""
 
     correct: tuple[bool, ...]
-    levels: tuple[int, ...]
+    groups: tuple[str, ...]
     response_len: float
 
     @property
@@ -94,11 +96,11 @@ class Heldout:
         return sum(self.correct) / self.n if self.n else math.nan
 
     def metrics(self) -> dict[str, float]:
-        """{"acc", "se", "acc/<level>", "response_len"}: the step log's ``eval/*`` columns."""
+        """{"acc", "se", "acc/<group>", "response_len"}: the step log's ``eval/*`` columns."""
         out = {"acc": self.acc, "se": binomial_se(self.acc, self.n), "response_len": self.response_len}
-        for li in sorted(set(self.levels)):
-            lv = [c for c, lvl in zip(self.correct, self.levels) if lvl == li]
-            out[f"acc/{LEVELS[li].name}"] = sum(lv) / len(lv)
+        for name in dict.fromkeys(self.groups):
+            hits = [c for c, g in zip(self.correct, self.groups) if g == name]
+            out[f"acc/{name}"] = sum(hits) / len(hits)
         return out
 
 
@@ -116,8 +118,9 @@ def evaluate(model, profile, tok, examples: list[dict], *, max_new_tokens: int, 
         raise ValueError(f"evaluate: the sampler runs {sampler.profile.name!r} on another model or profile than "
                          f"the {profile.name!r} asked for")
     was_training = model.training
-    prompts, _ = encode(tok, examples)
-    out = sampler.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=0, batch_size=batch_size)
-    correct = tuple(reward(decode_response(tok, r), e["answer"]) == 1.0 for r, e in zip(out.response_ids, examples))
+    task = task_of(examples)
+    out = sampler.generate(task.prompt_ids(tok, examples), max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
+                           batch_size=batch_size, stop_ids=task.stop_ids(tok))
+    correct = tuple(task.reward(task.decode(tok, r), e) == 1.0 for r, e in zip(out.response_ids, examples))
     model.train(was_training)
-    return Heldout(correct, tuple(e["level"] for e in examples), sum(map(len, out.response_ids)) / len(examples))
+    return Heldout(correct, tuple(task.group(e) for e in examples), sum(map(len, out.response_ids)) / len(examples))

@@ -42,6 +42,7 @@ from minite_core.runs.lock import RunLock
 from minite_core.runs.state import fingerprint, resume, save_state
 from minite_core.runs.steplog import StepLog
 from minite_core.rl.heldout import evaluate
+from minite_core.task.tasks import ARITHMETIC
 from minite_core.seeds import tagged
 from minite_core.task.data import TOKENIZER, load_split
 from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode, load_tokenizer, save_tokenizer
@@ -124,7 +125,7 @@ def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens
 
 def max_response_tokens(examples: list[dict]) -> int:
     """Generation budget: the longest reference response + <eos> + 16 tokens of slack for a wrong, longer one."""
-    return max(len(e["response"]) for e in examples) + 1 + 16
+    return ARITHMETIC.max_new_tokens(examples)
 
 
 def sft_batch(prompts, responses, idx: list[int]):

@@ -12,7 +12,8 @@ Each step s = 1..steps (the verl / NeMo-RL loop reduced to its numerics; one mod
    The engine (``engines.make_sampler``): the command's execution picks it (``--sampler-engine``,
    $MINITE_SAMPLER; runs.execution), by default the fast CUDA-graph sampler on the GPU, the reference loop on CPU
    (bitwise the same results there).
-3. reward: ``task.reward`` of the decoded response (exact final answer, 1/0); advantages ``group_advantages``.
+3. reward: the task's reward of the decoded response (task/tasks.py: the arithmetic task's exact final answer, or
+   the math reward on your own data: task/math_reward.py), 1/0; advantages ``group_advantages``.
 4. old log-probs: the ``Learner`` under L recomputes log π_old of the sampled tokens (no grad), as verl's
    ``compute_log_prob`` does, on the same row chunks the update uses: the PPO ratio is always learner/learner
    and starts at exactly 1 (under R3 the old and new forwards both replay the sampler's routes, so the ratio
@@ -79,11 +80,10 @@ from minite_core.task.data import load_split
 from minite_core.rl.grpo import group_advantages, parse_correction, run_name
 from minite_core.rl.heldout import evaluate, heldout_set, paired_gain
 from minite_core.rl import learner_side
-from minite_core.rl.learner_side import FINAL, OUTPUTS, ROLLOUTS, OneProcess, pad_cols
-from minite_core.rl.pretrain import max_response_tokens
+from minite_core.rl.learner_side import FINAL, ROLLOUTS, OneProcess, pad_cols
 from minite_core.rl.tensorboard import RunBoard
-from minite_core.task.arithmetic import reward
-from minite_core.task.tokenizer import decode_response, encode, load_tokenizer, save_tokenizer
+from minite_core.task.tasks import task_of
+from minite_core.task.tokenizer import load_tokenizer, save_tokenizer
 
 TIMING_PREFIX = "timing/"  # wall-clock columns: excluded when comparing runs for exactness
 
@@ -103,12 +103,15 @@ class RLConfig:
     correction_cap: float = 2.0  # C of TIS / MIS (Yao et al.; diagnostics' ratio_outside_C uses the same C)
     temperature: float = 1.0  # sample from the policy itself (no tempering: logprobs are the policy's)
     top_p: float = 1.0
-    max_new_tokens: int = 0  # 0 = longest reference response + <eos> + 16 (pretrain.max_response_tokens)
+    max_new_tokens: int = 0  # 0 = longest reference response + <eos> + 16 (the arithmetic task; your data: set it)
     eval_every: int = 8  # held-out greedy accuracy under the sampler profile (also at step 0 and the last step)
     # held-out problems per evaluation (rl/heldout.py: round-robin over levels, the same set every time); 512 gives
     # a binomial SE <= 2.2 points, what a held-out claim needs; 0 = the whole held-out split
     eval_n: int = 512
     eval_batch_size: int = 512  # sampler rows per evaluation batch (one batch for the default eval_n)
+    # sampler rows per rollout batch, 0 = all B*G rows at once; long responses of a large model need chunks (the
+    # static KV cache holds rows x (prompt + max_new_tokens) slots)
+    rollout_batch_size: int = 0
     checkpoint_every: int = 8
     calibration_examples: int = 64  # training examples (prompt + reference response) for static scales
     # reward for a well-formed but wrong ``answer:`` line (task.reward); 0 = pure correctness, DESIGN.md's reward
@@ -128,6 +131,8 @@ class RLConfig:
                 raise ValueError(f"RLConfig.{key} must be >= 1, got {getattr(self, key)}")
         if self.rollout_dump_every < 0:
             raise ValueError(f"RLConfig.rollout_dump_every must be >= 0 (0 = no dump), got {self.rollout_dump_every}")
+        if self.rollout_batch_size < 0:
+            raise ValueError(f"RLConfig.rollout_batch_size must be >= 0 (0 = all rows), got {self.rollout_batch_size}")
         if self.eval_n < 0:
             raise ValueError(f"RLConfig.eval_n must be >= 0 (0 = the whole held-out split), got {self.eval_n}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -149,26 +154,29 @@ FINITE_KEYS = ("mismatch/k1", "mismatch/k3", "reward/mean", "actor/entropy", "ac
 
 def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sampler: Sampler, opt, tok,
             train: list[dict], train_prompts: list[list[int]], correction: str | None, max_new: int,
-            old_logprobs=None, update=None, dump_dir: Path | None = None) -> dict:
+            old_logprobs=None, update=None, dump_dir: Path | None = None, task=None) -> dict:
     """One GRPO step (module docstring, items 1-5) -> the CSV row (without eval columns). old_logprobs / update:
     items 4 and 5 (default: one process, rl.learner_side; rl.distributed passes its data-parallel ones).
-    dump_dir: where this step's rollouts go on a `rollout_dump_every` step (None: not this process's job)."""
+    dump_dir: where this step's rollouts go on a `rollout_dump_every` step (None: not this process's job).
+    task: the data's (task/tasks.py; default: task_of(train))."""
     B, G = cfg.prompts_per_step, cfg.group_size
+    task = task or task_of(train)
     g = torch.Generator().manual_seed(tagged(seed, "batch", step))
     pick = torch.randperm(len(train), generator=g)[:B].tolist()
     prompts = [train_prompts[i] for i in pick for _ in range(G)]  # (N,) groups contiguous
-    answers = [train[i]["answer"] for i in pick for _ in range(G)]
+    rows = [train[i] for i in pick for _ in range(G)]
 
     t0 = time.perf_counter()
     roll = sampler.generate(prompts, max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=tagged(seed, "sample", step),
+                            stop_ids=task.stop_ids(tok), seed=tagged(seed, "sample", step),
+                            batch_size=cfg.rollout_batch_size or None,
                             record_routes=learner.profile.routing_replay)
 
     def routes(sl):  # the sampler's routes of these rows, replayed by an R3 learner (None: nothing recorded)
         return None if roll.routes is None else roll.routes[sl]
     t_sample = time.perf_counter() - t0
-    rewards = torch.tensor([reward(decode_response(tok, r), a, cfg.format_credit)
-                            for r, a in zip(roll.response_ids, answers)], device=learner.device)
+    rewards = torch.tensor([task.reward(task.decode(tok, r), row, cfg.format_credit)
+                            for r, row in zip(roll.response_ids, rows)], device=learner.device)
     adv = group_advantages(rewards, G)  # (N,)
     rp = roll.padded(device=learner.device)
 
@@ -189,8 +197,7 @@ def rl_step(step: int, *, cfg: RLConfig, seed: int, model, learner: Learner, sam
         write_nemo_rl_step(dump_dir, step, prompt_ids=prompts, response_ids=roll.response_ids,
                            logp_sampler=rp["logprobs"], logp_learner=logp_old, mask=mask, rewards=rewards.tolist(),
                            advantages=adv.tolist(),  # content: NeMo-RL's messages' texts
-                           contents=[[q, decode_response(tok, r)] for q, r in
-                                     zip((train[i]["prompt"] for i in pick for _ in range(G)), roll.response_ids)])
+                           contents=[[row["prompt"], task.decode(tok, r)] for row, r in zip(rows, roll.response_ids)])
 
     grad_norms, actor = (update or learner_side.update)(step, cfg, model, learner, opt, prompts, roll.response_ids,
                                                         slices, logp_old, adv, mask, rp["logprobs"], correction, routes)
@@ -229,6 +236,7 @@ class _GRPO:
     sampler: Sampler
     opt: torch.optim.Optimizer
     tok: object
+    task: object
     train: list
     train_prompts: list
     eval_set: list
@@ -247,6 +255,13 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
     model = load_pretrained(pretrained, dtype=torch.float32, device=device)  # names a missing / damaged checkpoint
     tok = load_tokenizer(Path(pretrained))
     train_set, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")
+    task = task_of(train_set)
+    if task is not task_of(heldout):
+        raise ValueError(f"{data_dir}: train.jsonl and heldout.jsonl hold different tasks")
+    max_new = cfg.max_new_tokens or task.max_new_tokens(train_set + heldout)
+    if not max_new:
+        raise ValueError(f"{data_dir} holds {task.name} problems without reference responses: set rl.max_new_tokens "
+                         "(the response budget)")
     calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
@@ -255,9 +270,8 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
                "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
     sampler = make_sampler(model, S, engine=engine)
-    return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), sampler, opt, tok, train_set,
-                 encode(tok, train_set)[0], heldout_set(heldout, cfg.eval_n),
-                 cfg.max_new_tokens or max_response_tokens(train_set + heldout), correction,
+    return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), sampler, opt, tok, task, train_set,
+                 task.prompt_ids(tok, train_set), heldout_set(heldout, cfg.eval_n), max_new, correction,
                  run_name(L.name, S.name, correction), run_cfg)
 
 
@@ -300,7 +314,7 @@ def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, stat
             row = rl_step(step, cfg=cfg, seed=seed, model=run.learner.model, learner=run.learner,
                           sampler=run.sampler, opt=run.opt, tok=run.tok, train=run.train,
                           train_prompts=run.train_prompts, correction=run.correction, max_new=run.max_new,
-                          old_logprobs=side.old_logprobs, update=side.update, dump_dir=dump_dir)
+                          old_logprobs=side.old_logprobs, update=side.update, dump_dir=dump_dir, task=run.task)
             side.synced()
             row.update({k: None for k in eval_keys})
             if step % cfg.eval_every == 0 or step == cfg.steps:

@@ -9,6 +9,10 @@ What it writes under ``--out``:
 Deterministic: the files are a function of (``DataConfig``, run seed) only (``task.make_splits`` draws each
 (seed, level, split) from its own stream), so re-running the rule reproduces them byte for byte.
 
+Your own math data instead (`minite data --train FILE --heldout FILE --out DIR`, the experiment's
+`data: {train, heldout}`): the files are read in any layout task/math_data.py accepts and written as train.jsonl /
+heldout.jsonl in its row form, with data.json (counts per source); no tokenizer is written (the model's is used).
+
 The config names levels by name (``["add2", "add3"]``): experiment YAML reads better than indices and survives a
 reordering of ``task.LEVELS``.
 """
@@ -24,6 +28,7 @@ from minite_core.results import config_from_json, config_to_dict, write_result
 from minite_core.seeds import tagged
 from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits
 from minite_core.task.jsonl import EXAMPLE_FIELDS, read_jsonl, write_jsonl
+from minite_core.task.math_data import load_math_file
 from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
 
 TRAIN, HELDOUT, TOKENIZER = "train.jsonl", "heldout.jsonl", "tokenizer"
@@ -73,12 +78,37 @@ def write_data(out: str | Path, cfg: DataConfig, seed: int) -> dict:
     return {"n_train": len(train), "n_heldout": len(heldout), "levels": per_level}
 
 
+def import_data(out: str | Path, train: str | Path, heldout: str | Path) -> dict:
+    """Your math files as the RL stage's splits under ``out`` (module docstring); returns data.json's metrics."""
+    out = Path(out)
+    splits = {TRAIN: load_math_file(train), HELDOUT: load_math_file(heldout)}
+    seen = {r["prompt"] for r in splits[TRAIN]}
+    shared = sum(r["prompt"] in seen for r in splits[HELDOUT])
+    if shared:  # a held-out problem that RL trains on flatters every held-out number
+        raise ValueError(f"{heldout} shares {shared} problem(s) with {train}: held-out problems must not be trained on")
+    for name, rows in splits.items():
+        write_jsonl(rows, out / name)
+    sources = {}
+    for split, rows in (("train", splits[TRAIN]), ("heldout", splits[HELDOUT])):
+        for r in rows:
+            sources.setdefault(r["source"], {"n_train": 0, "n_heldout": 0})[f"n_{split}"] += 1
+    return {"task": "math", "n_train": len(splits[TRAIN]), "n_heldout": len(splits[HELDOUT]), "sources": sources,
+            "with_solution": sum(bool(r["response"]) for r in splits[TRAIN])}
+
+
 def load_split(data_dir: str | Path, split: str) -> list[dict]:
     """``split`` = "train" | "heldout" from a ``minite data`` directory."""
     name = {"train": TRAIN, "heldout": HELDOUT}.get(split)
     if name is None:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    return read_jsonl(Path(data_dir) / name, fields=EXAMPLE_FIELDS)
+    rows = read_jsonl(Path(data_dir) / name)
+    fields = ("task", "messages", "answer", "source") if rows[0].get("task") == "math" else EXAMPLE_FIELDS
+    for lineno, row in enumerate(rows, 1):  # (blank lines are skipped: a row's number, not always its line)
+        missing = [k for k in fields if k not in row]
+        if missing:
+            raise ValueError(f"{Path(data_dir) / name}: row {lineno}: missing field(s) {missing} (rows need "
+                             f"{list(fields)})")
+    return rows
 
 
 def calibration_examples(rows: list[dict], n: int, seed: int) -> list[dict]:
@@ -98,7 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="run seed")
     p.add_argument("--config-json", default="{}", help="DataConfig fields as JSON (the experiment's `data:`)")
     p.add_argument("--experiment", default="adhoc")
+    p.add_argument("--train", default=None, help="your math train file (parquet / JSONL), with --heldout")
+    p.add_argument("--heldout", default=None, help="your math held-out file (parquet / JSONL), with --train")
     args = p.parse_args(argv)
+    if (args.train is None) != (args.heldout is None):
+        p.error("--train and --heldout go together (your data's two splits)")
+    if args.train is not None:
+        metrics = import_data(args.out, args.train, args.heldout)
+        write_result(Path(args.out) / "data.json", stage="data", experiment=args.experiment,
+                     config={"train": str(args.train), "heldout": str(args.heldout)}, metrics=metrics)
+        print(f"data: {metrics['n_train']} train / {metrics['n_heldout']} held-out math problems -> {args.out}")
+        return 0
     cfg = config_from_json(DataConfig, args.config_json)
     metrics = write_data(args.out, cfg, args.seed)
     write_result(Path(args.out) / "data.json", stage="data", experiment=args.experiment,

@@ -8,6 +8,7 @@
 from pathlib import Path
 
 from minite_core.experiment import (
+    data_files,
     external_args,
     external_pairs,
     gpu_slots,
@@ -21,6 +22,7 @@ from minite_core.experiment import (
     section_json,
     slurm_gres,
     stamp,
+    your_model,
 )
 
 ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda: optional)
@@ -28,3 +30,5 @@ RUN = run_options(config)
 GPU = gpu_slots(
     config
 )  # one slot of the shared GPU per small job on CUDA (`--resources gpu=<gpu_slots>`)
+MODEL = your_model(config)  # your Hugging Face checkpoint (model.path), or None: the DAG makes its own
+DATA_FILES = data_files(config)  # your math data (data.train / data.heldout), or {}: the arithmetic task

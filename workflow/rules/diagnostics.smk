@@ -2,7 +2,7 @@
 # first-divergence trace, one-knob attribution (minite_core.diagnostics; `minite diagnose`).
 #
 # Config `diagnostics:` (workflow/schemas/config.schema.yaml documents every key): the keys that name inputs
-# (checkpoint, prompts, calib: paths, null = the DAG's pretrained model / held-out split / train split) become
+# (checkpoint, prompts, calib: paths, null = the base model (the DAG's or yours) / held-out split / train split) become
 # rule inputs; the others go to the command as --config-json, each the default of its flag.
 DIAGNOSTICS_INPUTS = ("checkpoint", "prompts", "calib")
 
@@ -10,9 +10,7 @@ DIAGNOSTICS_INPUTS = ("checkpoint", "prompts", "calib")
 rule diagnostics:
     input:
         kernels=rules.kernels_check.output.json,
-        checkpoint=input_path(
-            config, "diagnostics", "checkpoint", rules.pretrain.output.checkpoint
-        ),
+        checkpoint=input_path(config, "diagnostics", "checkpoint", BASE_MODEL),
         prompts=input_path(config, "diagnostics", "prompts", rules.data.output.heldout),
         calib=input_path(config, "diagnostics", "calib", rules.data.output.train),
         params=stamp(RESULTS, "diagnostics", RUN, section_json(config, "diagnostics")),  # input paths included

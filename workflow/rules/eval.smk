@@ -1,13 +1,15 @@
 # Stage: lm-eval of the RL runs' final checkpoints under execution profiles (fully offline: local JSONL tasks built
 # at run time, the `minite` lm-eval model). One job per checkpoint x profile; the report collects them.
 # Inputs: the `data` rule's held-out split (+ train split: the calibration set of static-scale profiles whose
-# checkpoint carries no calibrated scales) and the `rl` rule's final checkpoints (transformers layout + tokenizer).
+# checkpoint carries no calibrated scales) and the `rl` rule's final checkpoints (transformers layout + tokenizer);
+# the files of lm-eval's own tasks named in config eval.lm_eval (eval/local_tasks.py: gsm8k, minerva_math500, ...).
 # Include after data.smk and rl.smk (uses rules.data, rules.rl and RL_RUNS).
 # Outputs: {RESULTS}/eval/{run}.{profile}.json (run names contain "__" but no dot; profiles neither).
 EVAL_RUNS = list(
     config["eval"]["runs"] or RL_RUNS
 )  # empty = every run of the `rl` stage
 EVAL_PROFILES = list(config["eval"]["profiles"])
+LM_EVAL_FILES = [f for files in config["eval"]["lm_eval"].values() for f in files.values()]
 
 
 rule eval_checkpoint:
@@ -16,7 +18,8 @@ rule eval_checkpoint:
         checkpoint=rules.rl.output.final,
         heldout=rules.data.output.heldout,
         calib=rules.data.output.train,
-        tokenizer=rules.data.output.tokenizer,
+        tokenizer=DATA_TOKENIZER,
+        lm_eval=LM_EVAL_FILES,
         params=stamp(
             RESULTS, "eval", RUN, section_json(config, "eval", drop=("runs", "profiles"))
         ),

@@ -3,33 +3,43 @@
 # Resume state lives in {RESULTS}/pretrain/state/, outside the outputs: Snakemake's cleanup of a failed or
 # killed job leaves it, and the rerun continues from the last checkpoint; a run of a changed config is kept under
 # {RESULTS}/pretrain/previous/<time>/ (--restart-if-changed).
+# With your own model (config model.path) there is nothing to pretrain: BASE_MODEL is your checkpoint directory.
 
 
-rule pretrain:
-    input:
-        kernels=rules.kernels_check.output.json,
-        train=rules.data.output.train,
-        heldout=rules.data.output.heldout,
-        tokenizer=rules.data.output.tokenizer,
-        params=stamp(RESULTS, "pretrain", RUN, section_json(config, "pretrain")),
-    output:
-        checkpoint=directory(f"{RESULTS}/pretrain/model"),
-        json=f"{RESULTS}/pretrain/pretrain.json",
-        loss=f"{RESULTS}/pretrain/loss.csv",
-    log:
-        f"{RESULTS}/logs/pretrain.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/pretrain.tsv"
-    conda:
-        ENV
-    threads: 1  # tiny CPU GEMMs: a second OpenMP thread only spins (measured 20x slower on a loaded 2-core box)
-    resources:
-        gpu=GPU,
-    params:
-        data=lambda wildcards, input: str(Path(input.train).parent),
-        out=lambda wildcards, output: str(Path(output.json).parent),
-        run=RUN,
-        config=section_json(config, "pretrain"),
-    shell:
-        "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
-        "--no-progress --restart-if-changed {params.run} --config-json {params.config:q} > {log} 2>&1"
+if MODEL:
+    BASE_MODEL = MODEL
+    PRETRAIN_JSON = []
+
+else:
+
+    rule pretrain:
+        input:
+            kernels=rules.kernels_check.output.json,
+            train=rules.data.output.train,
+            heldout=rules.data.output.heldout,
+            tokenizer=DATA_TOKENIZER,
+            params=stamp(RESULTS, "pretrain", RUN, section_json(config, "pretrain")),
+        output:
+            checkpoint=directory(f"{RESULTS}/pretrain/model"),
+            json=f"{RESULTS}/pretrain/pretrain.json",
+            loss=f"{RESULTS}/pretrain/loss.csv",
+        log:
+            f"{RESULTS}/logs/pretrain.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/pretrain.tsv"
+        conda:
+            ENV
+        threads: 1  # tiny CPU GEMMs: a second OpenMP thread only spins (measured 20x slower on a loaded 2-core box)
+        resources:
+            gpu=GPU,
+        params:
+            data=lambda wildcards, input: str(Path(input.train).parent),
+            out=lambda wildcards, output: str(Path(output.json).parent),
+            run=RUN,
+            config=section_json(config, "pretrain"),
+        shell:
+            "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
+            "--no-progress --restart-if-changed {params.run} --config-json {params.config:q} > {log} 2>&1"
+
+    BASE_MODEL = rules.pretrain.output.checkpoint
+    PRETRAIN_JSON = rules.pretrain.output.json

@@ -7,7 +7,7 @@ rule report:
         quant_error=rules.quant_error.output.json,
         throughput=rules.throughput.output.json,
         throughput_sampler=rules.throughput_sampler.output.json,
-        pretrain=rules.pretrain.output.json,
+        pretrain=PRETRAIN_JSON,
         diagnostics=rules.diagnostics.output.json,
         external=rules.diagnostics_external.output.json if EXTERNAL else [],
         rl_figures=rules.rl_figures.output.png,

@@ -18,7 +18,7 @@ RL_RUNS = rl_runs(config)
 rule rl:
     input:
         kernels=rules.kernels_check.output.json,
-        checkpoint=rules.pretrain.output.checkpoint,
+        checkpoint=BASE_MODEL,  # the DAG's pretrained model, or yours (model.path)
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,
         # a run's learner, sampler, correction and seed are in its name (its output path): the rest is shared

@@ -3,6 +3,11 @@
 # per-GPU and total tokens/s, scaling efficiency against the plain learner timed in the same job).
 # GPU run: Qwen3-30B-A3B layer shapes (config "h200"), <= ~2 min of the H200 DAG's 10 (budget_s caps the timed
 # rounds); CPU smoke: config "tiny", seconds. Ratios (x BF16, x TE-NVFP4, saved activations) come from this run.
+# With your model (config model.path) both benchmarks time its shape (its config.json; random weights): the learner
+# at throughput.layers of them, the sampler at the RL batches.
+import shlex
+
+BENCH_MODEL = f"--model {shlex.quote(MODEL)}" if MODEL else ""
 
 
 rule throughput:
@@ -32,8 +37,9 @@ rule throughput:
         launch=launcher(config, "throughput"),  # `minite`, or torchrun with gpus_per_job > 1 (bench.learner_dist)
         run=RUN,
         config=section_json(config, "throughput", drop=("gpus_per_job",)),
+        model=BENCH_MODEL,
     shell:
-        "{params.launch} bench learner --out {output.json} --csv {output.csv} {params.run} "
+        "{params.launch} bench learner --out {output.json} --csv {output.csv} {params.model} {params.run} "
         "--config-json {params.config:q} > {log} 2>&1"
 
 
@@ -62,6 +68,7 @@ rule throughput_sampler:
     params:
         run=RUN,
         config=section_json(config, "sampler_bench"),
+        model=BENCH_MODEL,
     shell:
-        "minite bench sampler --out {output.json} {params.run} "
+        "minite bench sampler --out {output.json} {params.model} {params.run} "
         "--config-json {params.config:q} > {log} 2>&1"
