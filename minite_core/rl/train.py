@@ -305,7 +305,7 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
     sampler = make_sampler(model, S, engine=engine)
     return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), sampler, opt, tok, train_set,
                  encode(tok, train_set)[0], heldout_set(heldout, cfg.eval_n),
-                 cfg.max_new_tokens or max_response_tokens(train_set + heldout), correction,
+                 cfg.max_new_tokens or max_response_tokens(tok, train_set + heldout), correction,
                  run_name(L.name, S.name, correction), run_cfg)
 
 
