@@ -1,8 +1,10 @@
-# Shared by the rules: how every rule passes its config to its command — the same way everywhere:
+# Shared by the rules: how each of them passes its config to its command, the same way everywhere:
 #   params: run=RUN (--experiment --seed --device --kernels), config=<the stage's config section as JSON>
 #   shell:  minite <command> <inputs/outputs> {params.run} --config-json {params.config:q} > {log} 2>&1
 # (minite_core/experiment.py builds both; minite_core/runs/cli.py reads them.)
 from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
 
 from minite_core.experiment import (
     external_args,
@@ -11,14 +13,43 @@ from minite_core.experiment import (
     input_path,
     launcher,
     learner_gpu_slots,
+    pretrain_section,
     rl_runs,
     run_options,
+    scale_run_dir,
+    scale_sizes,
     section_json,
     slurm_gres,
 )
 
-ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda: optional)
+ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda is optional)
 RUN = run_options(config)
 GPU = gpu_slots(
     config
 )  # one slot of the shared GPU per small job on CUDA (`--resources gpu=<gpu_slots>`)
+
+
+def hold_inputs(hold, items):
+    """The files a machine hold makes (config `holds`, holds.smk): called after every stage's rules exist."""
+    files = []
+    for item in items:
+        kind, _, name = item.partition(":")
+        if kind == "rl" and name:
+            files += expand(rules.rl.output, run=name)
+            if name in EVAL_RUNS:
+                files += expand(rules.eval_checkpoint.output.json, run=name, profile=EVAL_PROFILES)
+        elif kind == "scale" and name:
+            files += expand(rules.scale_measure.output.json, size=name)
+        else:
+            try:
+                named = getattr(rules, item)
+            except WorkflowError:
+                raise SystemExit(f"invalid experiment config:\nconfig: holds.{hold}: {item!r} is neither rl:<run>, "
+                                 "scale:<size> nor a rule of the DAG") from None
+            rule_files = list(named.output) or list(named.input)
+            if any("{" in str(f) for f in rule_files):
+                raise SystemExit(f"invalid experiment config:\nconfig: holds.{hold}: {item!r} has wildcards (one job "
+                                 "a run or size): name its jobs rl:<run> or scale:<size>")
+            files += rule_files
+    return files
+

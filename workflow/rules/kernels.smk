@@ -22,7 +22,9 @@ rule kernels_check:
         gpu=config["gpu_slots"],  # the micro-benchmarks take the whole GPU
     params:
         run=RUN,
-        config=json.dumps(config),
+        config=json.dumps(
+            {**config, "pretrain": pretrain_section(config)}
+        ),  # the RL base model's shape (pretrain.size resolved)
         bench=lambda wildcards, output: f"--bench {output.bench[0]}" if output.bench else "",
     shell:
         "minite kernels --experiment-config {params.config:q} --out {output.json} {params.bench} {params.run} "

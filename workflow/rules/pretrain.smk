@@ -1,7 +1,9 @@
 # Stage: SFT-pretrain the RL base model (Qwen3-MoE-shaped, from scratch) on the task to partial accuracy
-# (minite_core.rl.pretrain; `minite pretrain`). Every RL run starts from this one checkpoint.
+# (minite_core.rl.pretrain; `minite pretrain`). Every RL run starts from this one checkpoint. Its config: the
+# `pretrain:` section, or with `pretrain.size` that size of the scale sweep (experiment.py pretrain_section).
 # Resume state lives in {RESULTS}/pretrain/state/, outside the outputs: Snakemake's cleanup of a failed or
 # killed job leaves it, and the rerun continues from the last checkpoint.
+import json
 
 
 rule pretrain:
@@ -27,7 +29,7 @@ rule pretrain:
         data=lambda wildcards, input: str(Path(input.train).parent),
         out=lambda wildcards, output: str(Path(output.json).parent),
         run=RUN,
-        config=section_json(config, "pretrain"),
+        config=json.dumps(pretrain_section(config)),
     shell:
         "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
         "--no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"
