@@ -13,7 +13,7 @@ What, for one checkpoint (a `minite pretrain` output):
   the GPU, the reference on CPU), the budget of the RL stage (the longest reference response in tokens + 17);
 - static-scale profiles (vllm-nvfp4) are calibrated first, on `calibration_examples` training examples chosen by
   the run seed with the base weights — `rl.train.calibrate_static`, so the scales are those an RL run of this
-  checkpoint starts with, and the accuracy equals that run's step-0 held-out accuracy (same problems, same batch);
+  checkpoint starts with, and the evaluation is that run's step-0 one (same problems, batch size and scales);
 - drop(profile) = acc(bf16) − acc(profile) on the same problems, and its SE the paired one
   (`rl.heldout.paired_gain`: std of the per-problem differences / sqrt(n)), far below the two binomial SEs
   combined, since the problems both solve (or both miss) cancel.
