@@ -36,11 +36,13 @@ include: "workflow/rules/kernels.smk"
 include: "workflow/rules/throughput.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/scale.smk"
 include: "workflow/rules/rl.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/peers.smk"
+include: "workflow/rules/holds.smk"
 
 
 rule all:

@@ -14,6 +14,7 @@ COMMANDS = {
     "data": ("minite_core.task.data", "make the task's train/held-out JSONL and the tokenizer"),
     "pretrain": ("minite_core.rl.pretrain", "SFT-pretrain the base model on the task"),
     "rl": ("minite_core.rl.train", "GRPO run for one (learner, sampler, correction) pair"),
+    "scale": ("minite_core.rl.scale", "held-out accuracy of one base model under each profile: NVFP4's cost"),
     "sweep": ("minite_core.sweep", "a short grid of GRPO runs (and base models) that picks the RL settings"),
     "eval": ("minite_core.eval.cli", "lm-eval on a checkpoint under an execution profile"),
     "export": ("minite_core.peers.export", "NVFP4 checkpoint export (compressed-tensors layout)"),

@@ -11,8 +11,10 @@ Two passes, each error one line naming the key path (`config: rl.runs[1].learner
    that split the throughput bench's experts (expert parallelism) and the RL stage's mini-batches and experts,
    `gpu_slots` that split over `gpus`; with your own model (`model.path`): a Qwen3 checkpoint directory whose
    shapes the NVFP4 GEMMs take, your math data files (`data.train` / `data.heldout`) present and large enough,
-   a response budget, lm-eval task files present with their fields (eval/local_tasks.py).
-Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, the run options
+   a response budget, lm-eval task files present with their fields (eval/local_tasks.py); model presets and
+   scale sizes that exist, holds that name runs and sizes of the config.
+Also the rules' shared helpers: the RL runs of the config, a stage's config section as JSON, the SFT config of the
+RL base model or of one size of the scale sweep (`pretrain_section`), the run options
 (`run_options`, with `--gpu-lease` on a machine of several GPUs), and how a learner job is launched
 (`launcher`: torchrun with more than one GPU a job, `stage_gpus`) and placed on Slurm (`slurm_gres`).
 
@@ -32,9 +34,9 @@ import json
 import shlex
 from pathlib import Path
 
-import jsonschema
 import yaml
 
+from minite_core.model.config import PRESETS, SHAPE_FIELDS
 from minite_core.profiles import PROFILES, experiment_profiles
 from minite_core.rl.grpo import parse_correction, run_name
 from minite_core.task.arithmetic import LEVEL_INDEX, prompt_space_size
@@ -45,6 +47,8 @@ BENCH_EXPERTS = {"tiny": 4, "h200": 128}  # their models' num_experts (a test ch
 
 def schema_errors(config: dict, schema_path: str | Path) -> list[str]:
     """One line per schema violation: `config: <key path>: <reason>`."""
+    import jsonschema  # here, not at the top: the H200 scripts read configs (pretrain_section) without it
+
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = jsonschema.Draft202012Validator(schema)
     out = []
@@ -101,7 +105,7 @@ def kernel_check_config(config: dict) -> dict:
     """What `minite kernels` reads of the experiment config (bench/kernel_check.py): the profiles it runs and the
     model's GEMM shapes — so that another lr or RL run of the same profiles does not recheck every kernel and
     rerun every stage behind the check."""
-    pretrain = config.get("pretrain", {})
+    pretrain = pretrain_section(config)  # the RL base model's shape (pretrain.size resolved)
     return {"throughput": {"profiles": experiment_profiles(config)},
             "pretrain": {k: pretrain[k] for k in KERNEL_SHAPE_KEYS if k in pretrain}}
 
@@ -119,6 +123,36 @@ def section_json(config: dict, section: str, drop=()) -> str:
     """A stage's config section as the JSON its command takes with --config-json (DAG-only keys dropped; keys
     sorted, so reordering the YAML changes no rule's params)."""
     return json.dumps({k: v for k, v in config.get(section, {}).items() if k not in drop}, sort_keys=True)
+
+
+def pretrain_section(config: dict, size: str | None = None) -> dict:
+    """The PretrainConfig fields (`minite pretrain --config-json`) of size `size` of the scale sweep, or (None) of
+    the RL base model: `pretrain.size` when set, else the `pretrain:` section itself. A size's entry
+    (`scale.sizes.<size>`: its shape, as a preset or fields, and its own settings such as lr) goes over the
+    `pretrain:` section, so the RL base model of `pretrain.size` is the sweep's SFT of that size, recipe for
+    recipe. A preset is written out into its shape fields, for the config checks to see the shape."""
+    section = {k: v for k, v in (config.get("pretrain") or {}).items() if k != "size"}
+    size = size or (config.get("pretrain") or {}).get("size")
+    if size:
+        entry = ((config.get("scale") or {}).get("sizes") or {}).get(size)
+        if entry is None:
+            raise ValueError(f"config: pretrain.size: {size!r} is not a size of scale.sizes")
+        if any(k in entry for k in (*SHAPE_FIELDS, "preset")):  # the entry's shape, not the section's preset
+            section.pop("preset", None)
+        section |= entry
+    preset = PRESETS.get(section.get("preset") or "")
+    return section | ({f: getattr(preset, f) for f in SHAPE_FIELDS} if preset else {})
+
+
+def scale_sizes(config: dict) -> list[str]:
+    """The sizes of the scale sweep (`scale.sizes`), in config order; [] when the experiment has none."""
+    return list((config.get("scale") or {}).get("sizes") or {})
+
+
+def scale_run_dir(config: dict, results: str, size: str) -> str:
+    """The `minite pretrain` output folder of size `size` of the sweep: the pretrain rule's for the RL base model's
+    size (one SFT of it, which the RL runs and the sweep's row share), the scale stage's own for the others."""
+    return f"{results}/pretrain" if size == (config.get("pretrain") or {}).get("size") else f"{results}/scale/{size}"
 
 
 def stage_gpus(config: dict, stage: str) -> int:
@@ -219,8 +253,8 @@ def _check_profiles(config, errors):
         _pair(errors, f"diagnostics.pairs[{i}]", pair)
     if "attribution_base" in d:  # the knobs are our profiles': no te:* base
         _pair(errors, "diagnostics.attribution_base", d["attribution_base"], te_learner=False)
-    for key in ("throughput", "eval"):
-        for i, name in enumerate(config.get(key, {}).get("profiles", [])):
+    for key in ("throughput", "eval", "scale"):
+        for i, name in enumerate((config.get(key) or {}).get("profiles", [])):
             if key == "throughput" and name.startswith("te:"):  # a real-TE row (bench/learner.py)
                 _te_mode(errors, f"{key}.profiles[{i}]", name)
                 continue
@@ -230,26 +264,41 @@ def _check_profiles(config, errors):
 
 
 def _check_model(config, errors):
+    """The RL base model's shape and every size of the scale sweep (`pretrain_section`)."""
     if your_model(config):
         return _check_your_model(config, errors)
     if data_files(config):
         errors.append("config: data.train: your math data needs your model (model.path): the DAG's own model reads "
                       "the arithmetic task with a character tokenizer, without a chat template")
-    p = config["pretrain"]
+    sizes = scale_sizes(config)
+    size = config["pretrain"].get("size")
+    if size is None:
+        _check_shape(pretrain_section(config), "pretrain", errors)
+    elif size not in sizes:
+        errors.append(f"config: pretrain.size: {size!r} is not a size of scale.sizes ({', '.join(sizes) or 'none'})")
+    for name in sizes:
+        _check_shape(pretrain_section(config, name), f"scale.sizes.{name}", errors)
+
+
+def _check_shape(p: dict, path: str, errors: list[str]) -> None:
+    """One SFT config's model shape (the schema's defaults filled in)."""
+    if p.get("preset") and p["preset"] not in PRESETS:
+        errors.append(f"config: {path}.preset: {p['preset']!r} is not a model preset; known: {', '.join(PRESETS)}")
+        return
     if p["num_attention_heads"] % p["num_key_value_heads"]:
-        errors.append(f"config: pretrain.num_key_value_heads: {p['num_key_value_heads']} does not divide "
+        errors.append(f"config: {path}.num_key_value_heads: {p['num_key_value_heads']} does not divide "
                       f"num_attention_heads={p['num_attention_heads']} (GQA groups query heads evenly)")
     if p["head_dim"] % 2:
-        errors.append(f"config: pretrain.head_dim: {p['head_dim']} must be even (RoPE rotates pairs)")
+        errors.append(f"config: {path}.head_dim: {p['head_dim']} must be even (RoPE rotates pairs)")
     if (p["num_attention_heads"] * p["head_dim"]) % 16:
-        errors.append(f"config: pretrain.head_dim: num_attention_heads * head_dim = "
+        errors.append(f"config: {path}.head_dim: num_attention_heads * head_dim = "
                       f"{p['num_attention_heads'] * p['head_dim']} must be a multiple of 16 (o_proj's NVFP4 K)")
     if p["num_experts_per_tok"] > p["num_experts"]:
-        errors.append(f"config: pretrain.num_experts_per_tok: {p['num_experts_per_tok']} > num_experts="
+        errors.append(f"config: {path}.num_experts_per_tok: {p['num_experts_per_tok']} > num_experts="
                       f"{p['num_experts']}")
     lo, hi = p["target_accuracy"]
     if lo > hi:
-        errors.append(f"config: pretrain.target_accuracy: low {lo} > high {hi}")
+        errors.append(f"config: {path}.target_accuracy: low {lo} > high {hi}")
 
 
 def _count_rows(path: Path) -> int:
@@ -334,7 +383,10 @@ def _check_rl_ranks(config, per_batch: int, errors):
                           "and mini-batch; its NVFP4 learner needs a multiple of 16 (raise rl.prompts_per_step "
                           "or group_size)")
             break
-    experts = config.get("pretrain", {}).get("num_experts", 0)
+    try:
+        experts = pretrain_section(config).get("num_experts", 0)
+    except ValueError:  # an unknown pretrain.size: _check_model names it
+        return
     if your_model(config) and (Path(your_model(config)) / "config.json").is_file():
         experts = json.loads((Path(your_model(config)) / "config.json").read_text()).get("num_experts", 0)
     if experts % g:
@@ -375,6 +427,9 @@ def _check_task_sizes(config, errors):
     if not d["prompts"] and d["num_prompts"] > heldout:
         errors.append(f"config: diagnostics.num_prompts: {d['num_prompts']} > the {heldout} held-out prompts of "
                       "the data stage")
+    if scale_sizes(config) and config["scale"]["eval_n"] > heldout:
+        errors.append(f"config: scale.eval_n: {config['scale']['eval_n']} held-out problems > the {heldout} of the "
+                      "data stage (data.n_heldout_per_level x levels)")
 
 
 def _check_gpus(config, errors):
@@ -462,11 +517,30 @@ def _check_external(config, errors):
                               "rollout_corr/kl, mismatch/chi2)")
 
 
+def _check_holds(config, errors):
+    """`holds: {name: [item, ...]}`: an item `rl:<run>` names a run of rl.runs, `scale:<size>` a size of
+    scale.sizes (a rule name is checked where the hold rules are made, workflow/rules/holds.smk); a run or a size
+    is in one hold at most (twice would compute it on two machines)."""
+    known = {"rl": set(rl_runs(config)), "scale": set(scale_sizes(config))}
+    seen: dict[str, str] = {}
+    for hold, items in (config.get("holds") or {}).items():
+        for item in items:
+            kind, _, name = item.partition(":")
+            if kind in known and name not in known[kind]:
+                what = "run of rl.runs" if kind == "rl" else "size of scale.sizes"
+                errors.append(f"config: holds.{hold}: {item!r} names no {what} "
+                              f"({', '.join(sorted(known[kind])) or 'none'})")
+            elif kind in known and item in seen:
+                errors.append(f"config: holds.{hold}: {item!r} is also in hold {seen[item]} (one machine computes it)")
+            seen.setdefault(item, hold)
+
+
 def semantic_errors(config: dict) -> list[str]:
     """One line per semantic error (module docstring) of a schema-valid config with its defaults filled in
     (snakemake's `validate(config, schema)` fills them); [] when the config is runnable."""
     errors: list[str] = []
-    for check in (_check_profiles, _check_model, _check_sizes, _check_gpus, _check_runs, _check_external):
+    for check in (_check_profiles, _check_model, _check_sizes, _check_gpus, _check_runs, _check_external,
+                  _check_holds):
         check(config, errors)
     return errors
 

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import yaml
 
-from minite_core.experiment import rl_runs, run_options
+from minite_core.experiment import pretrain_section, rl_runs, run_options
 from minite_core.profiles import PROFILES
 from minite_core.results import atomic_write_bytes, config_from_dict, read_result, write_result
 from minite_core.rl.pretrain import PretrainConfig
@@ -146,6 +146,7 @@ def points(sweep: Sweep) -> list[tuple[dict[str, dict], dict[str, dict]]]:
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
             sections = {s: dict(sweep.base.get(s) or {}) for s in SECTIONS}
+            sections["pretrain"] = pretrain_section(sweep.base)  # the RL base model's (`pretrain.size` resolved)
             for dag_key in ("runs", "gpus_per_job"):  # DAG keys, not RLConfig fields
                 sections["rl"].pop(dag_key, None)
             for key, value in zip(keys, values):

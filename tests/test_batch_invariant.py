@@ -257,7 +257,7 @@ def test_onpolicy_learner_equals_sampler_reference_kernels(one_thread, engine):
 
 # ---- GPU (the H200) ------------------------------------------------------------------------------------------
 M_DECODE, M_LEARNER = 64, 4096
-# experiments/h200.yaml's RL model (`pretrain:`): 4 layers of 256, 8 heads / 2 kv heads of 32, 32 experts top-4
+# the 13 M RL model (model/config.py qwen3-moe-13m): 4 layers of 256, 8 heads / 2 kv heads of 32, 32 experts top-4
 RL_SHAPE = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
                        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                        num_experts=32, num_experts_per_tok=4, rope_theta=10000.0, max_position_embeddings=512,

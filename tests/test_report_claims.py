@@ -143,7 +143,7 @@ def test_empty_results_build_and_every_claim_is_not_run(tmp_path):
     assert all("| **not run** |" in _row(section, c) for c in "abcde")
     headings = {claims.anchor(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
     links = re.findall(r"\]\((#[^)]+)\)", section)
-    assert len(links) == 7 and set(links) <= headings, set(links) - headings
+    assert len(links) == 8 and set(links) <= headings, set(links) - headings
     assert "## Transformer Engine on the H200 (real TE vs our te-nvfp4 emulation)\n\n_not run_" in text
 
 

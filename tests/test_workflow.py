@@ -1,6 +1,7 @@
 """The Snakemake DAG: every experiment dry-runs, an invalid config fails naming the key, the Slurm profile
 dry-runs, lint is clean. (The smoke DAG itself runs end to end in .ci/run, from a fresh clone as the README's main
 command, twice: the second run must do nothing.)"""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,20 @@ _BASE = "experiment: bad\n"
          "config: diagnostics.external[0].ceilings: unknown metric 'gen_kl_eror'"),
         ("diagnostics: {external: [{name: x, path: README.md}, {name: x, path: README.md}]}",
          "config: diagnostics.external[1].name: 'x' names two external logs"),
+        ("pretrain: {size: big}", "config: pretrain.size: 'big' is not a size of scale.sizes (none)"),
+        ("pretrain: {preset: qwen3-moe-1t}", "config: pretrain.preset: 'qwen3-moe-1t' is not a model preset"),
+        ("scale: {sizes: {s: {num_experts: 2, num_experts_per_tok: 4}}}",
+         "config: scale.sizes.s.num_experts_per_tok: 4 > num_experts=2"),
+        ("scale: {sizes: {s: {hidden_sise: 64}}}", "config: scale.sizes.s: 'hidden_sise' is not one of"),
+        ("scale: {sizes: {s: {}}, profiles: [bf16, nope]}", "config: scale.profiles[1]: unknown profile 'nope'"),
+        ("scale: {sizes: {s: {}}, eval_n: 600}", "config: scale.eval_n: 600 held-out problems > the 512"),
+        ("data: {tokenizer: words}", "config: data.tokenizer: 'words' is not one of ['char', 'bpe']"),
+        ("rl: {runs: ['bf16:bf16']}\nholds: {a: ['rl:minite__minite__none']}",
+         "config: holds.a: 'rl:minite__minite__none' names no run of rl.runs (bf16__bf16__none)"),
+        ("scale: {sizes: {s: {}}}\nholds: {a: ['scale:s'], b: ['scale:s']}",
+         "config: holds.b: 'scale:s' is also in hold a"),
+        ("holds: {a: [throughputt]}", "config: holds.a: 'throughputt' is neither rl:<run>, scale:<size> nor a rule"),
+        ("holds: {a: [eval_checkpoint]}", "config: holds.a: 'eval_checkpoint' has wildcards"),
     ],
 )
 def test_bad_config_is_one_line_at_parse_time(tmp_path, yaml_text, line):
@@ -200,10 +215,10 @@ def test_h200_experiment_is_what_issue_20_asks():
     minite, held-out on >= 512 problems at every evaluation, lm-eval with the same n."""
     import yaml
 
-    from minite_core.experiment import rl_runs
+    from minite_core.experiment import pretrain_section, rl_runs
 
     cfg = yaml.safe_load((ROOT / "experiments" / "h200.yaml").read_text())
-    assert cfg["pretrain"]["num_experts"] >= 32 and cfg["rl"]["steps"] >= 300
+    assert pretrain_section(cfg)["num_experts"] >= 32 and cfg["rl"]["steps"] >= 300
     runs = rl_runs(cfg).values()
     pairs = {(r["learner"], r["sampler"], r["correction"]) for r in runs}
     assert {("bf16", "bf16", "none"), ("te-nvfp4", "vllm-nvfp4", "none"), ("te-nvfp4", "vllm-marlin-w4a16", "none"),
@@ -214,6 +229,65 @@ def test_h200_experiment_is_what_issue_20_asks():
     n = cfg["rl"]["eval_n"]
     assert n >= 512 and cfg["data"]["n_heldout_per_level"] * len(cfg["data"]["levels"]) >= n
     assert cfg["eval"]["limit"] == n
+
+
+def test_h200_experiment_is_what_issue_38_asks():
+    """>= 4 sizes from the 13 M model to >= 0.8 B parameters, all measured on the same 512 problems under bf16,
+    minite, te-nvfp4 and vllm-nvfp4; RL on a size of >= 0.5 B parameters with a BPE tokenizer; R3 and the on-policy
+    pair among the runs; holds that compute every run, size, benchmark and the diagnostics, each run and size once."""
+    import torch
+    import yaml
+
+    from minite_core.experiment import pretrain_section, rl_runs, scale_sizes
+    from minite_core.model import CausalLM
+    from minite_core.rl.pretrain import PretrainConfig
+    from minite_core.rl.scale import ScaleConfig
+
+    cfg = yaml.safe_load((ROOT / "experiments" / "h200.yaml").read_text())
+
+    def params(section):
+        with torch.device("meta"):
+            return CausalLM(PretrainConfig(**section).model_config()).num_parameters()
+
+    sizes = {name: params(pretrain_section(cfg, name)) for name in scale_sizes(cfg)}
+    assert len(sizes) >= 4 and min(sizes.values()) == 13_306_368 and max(sizes.values()) >= 0.8e9
+    assert cfg["pretrain"]["size"] in sizes and sizes[cfg["pretrain"]["size"]] >= 0.5e9
+    assert set(ScaleConfig().profiles) == {"bf16", "minite", "te-nvfp4", "vllm-nvfp4"} and cfg["scale"]["eval_n"] == 512
+    assert cfg["data"]["tokenizer"] == "bpe"
+    pairs = {(r["learner"], r["sampler"]) for r in rl_runs(cfg).values()}
+    assert {("te-nvfp4-r3", "vllm-nvfp4"), ("minite-onpolicy", "minite-onpolicy")} <= pairs
+    items = [item for hold in cfg["holds"].values() for item in hold]
+    assert sorted(i for i in items if i.startswith("rl:")) == sorted(f"rl:{r}" for r in rl_runs(cfg))
+    assert sorted(i for i in items if i.startswith("scale:")) == sorted(f"scale:{s}" for s in sizes)
+    assert {"kernels_check", "quant_error", "throughput", "throughput_sampler", "diagnostics"} <= set(items)
+    for hold in cfg["holds"].values():  # claim (c) readable within each RL hold
+        runs = {i.split(":")[1].split("__")[0] for i in hold if i.startswith("rl:")}
+        assert not runs or {"bf16", "minite", "te-nvfp4"} <= runs
+
+
+def test_holds_dry_run_name_their_jobs(tmp_path):
+    """`snakemake hold_<name>`: a hold runs what it names and what that needs (data, kernels check, base model),
+    nothing else; the RL base model's size is SFT'd by the pretrain rule, the other sizes by scale_pretrain."""
+    cfg = tmp_path / "holds.yaml"
+    cfg.write_text("experiment: holdstest\ndata: {tokenizer: bpe}\npretrain: {size: b}\n"
+                   "scale: {sizes: {a: {hidden_size: 32}, b: {hidden_size: 48}}}\n"
+                   "rl: {runs: ['bf16:bf16', 'minite-onpolicy:minite-onpolicy']}\n"
+                   "holds: {sweep: ['scale:a', 'scale:b'], onpolicy: ['rl:minite-onpolicy__minite-onpolicy__none']}\n")
+
+    def jobs(target):
+        res = subprocess.run([*SNAKEMAKE, "-n", "-p", target, "--configfile", str(cfg)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return sorted(re.findall(r"^(?:local)?rule (\w+):", res.stdout, flags=re.M)), res.stdout
+
+    names, out = jobs("hold_sweep")
+    assert names == ["data", "hold_sweep", "kernels_check", "pretrain", "scale_measure", "scale_measure",
+                     "scale_pretrain"]
+    assert "minite scale --checkpoint results/holdstest/pretrain/model" in out
+    assert "minite scale --checkpoint results/holdstest/scale/a/model" in out
+    assert '"hidden_size": 48' in out.split("rule pretrain:")[1].split("\n\n")[0]
+    names, _ = jobs("hold_onpolicy")
+    assert names == ["data", "eval_checkpoint", "eval_checkpoint", "hold_onpolicy", "kernels_check", "pretrain", "rl"]
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "workflow" / "scripts").glob("*.sh")), ids=lambda p: p.name)

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MOE_ARCH, DENSE_ARCH = "Qwen3MoeForCausalLM", "Qwen3ForCausalLM"
+# the fields that make a model's shape (what a named preset sets in an SFT config: rl/pretrain.py, experiment.py)
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "num_experts", "num_experts_per_tok", "moe_intermediate_size")
 MOE_TYPE, DENSE_TYPE = "qwen3_moe", "qwen3"
 
 
@@ -229,3 +232,26 @@ PRESETS: dict[str, ModelConfig] = {
                               num_experts=0, num_experts_per_tok=0, rope_theta=10000.0, max_position_embeddings=256,
                               tie_word_embeddings=True, bos_token_id=None, eos_token_id=None),
 }
+
+
+def _qwen3_moe(hidden: int, layers: int, heads: int, kv_heads: int, experts: int, top_k: int) -> ModelConfig:
+    """A Qwen3-MoE of the task's kind: every layer sparse, head_dim 64 (32 at the smallest width), experts
+    hidden/2 wide, RoPE base 1e4 (sequences < 512 tokens). The vocabulary is the task tokenizer's (rl/pretrain.py
+    sets it); the one here is a placeholder."""
+    return ModelConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden,
+                       moe_intermediate_size=hidden // 2, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, head_dim=hidden // heads, num_experts=experts,
+                       num_experts_per_tok=top_k, rope_theta=10000.0, max_position_embeddings=512)
+
+
+# The size ladder of the NVFP4-cost-against-size sweep (rl/scale.py): from the 13 M model every RL result used to
+# rest on to the 0.83 B model of experiments/h200x8.yaml, width and depth grown together, experts 32 -> 64 and
+# top-k 4 -> 8 on the way (Qwen3-30B-A3B: 128 experts, top-8). Names: parameters at the character vocabulary (64);
+# the BPE vocabulary (~1,312) adds 2 x 1,248 x hidden (0.6 M at 256 wide, 2.6 M at 1024).
+PRESETS.update({
+    "qwen3-moe-13m": _qwen3_moe(256, 4, 8, 2, 32, 4),     # 13,306,368: experiments/h200.yaml's RL model until now
+    "qwen3-moe-53m": _qwen3_moe(512, 4, 8, 2, 32, 4),     # 53,089,280
+    "qwen3-moe-233m": _qwen3_moe(768, 4, 12, 4, 64, 8),   # 233,086,208
+    "qwen3-moe-517m": _qwen3_moe(1024, 5, 16, 4, 64, 8),  # 516,894,336
+    "qwen3-moe-827m": _qwen3_moe(1024, 8, 16, 4, 64, 8),  # 826,951,680: experiments/h200x8.yaml's RL model
+})

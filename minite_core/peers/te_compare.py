@@ -73,7 +73,7 @@ STAGE = "te"
 NVFP4_MODES = ("nvfp4", "nvfp4-rowscaled", "nvfp4-4over6")
 GEMM_SHAPES = ((256, 512, 384), (1024, 2048, 768))  # a small case; a Qwen3-30B-A3B expert (hidden x width)
 # the RL model of experiments/h200.yaml (its `pretrain:` shape, as rl.pretrain builds it), used when no
-# checkpoint is given; vocabulary: the task tokenizer's, rounded up to 16 (rl.pretrain's VOCAB_SIZE rule)
+# checkpoint is given; vocabulary: the task tokenizer's, rounded up to 16 (rl.pretrain.model_vocab)
 H200_RL_MODEL = ModelConfig(vocab_size=-(-len(build_tokenizer()) // 16) * 16, hidden_size=256, intermediate_size=512,
                             moe_intermediate_size=256, num_hidden_layers=4, num_attention_heads=8,
                             num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,

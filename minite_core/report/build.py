@@ -15,7 +15,8 @@ from minite_core.profiles import PROFILES
 from minite_core.report.claims import HEALTHY_K3, section_claims
 from minite_core.report.common import absent, fmt as _fmt, load as _load, table as _table, vllm_peer_dir
 from minite_core.report.external import external_rows, section_external
-from minite_core.report.rl import claim_c, load_summaries, pair_results, pair_table, unfinished
+from minite_core.report.rl import base_models, claim_c, load_summaries, pair_results, pair_table, unfinished
+from minite_core.report.scale import draw as draw_scale, section_scale
 from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
 from minite_core.report.te import claim_agreement, section_te
 
@@ -284,6 +285,7 @@ def section_rl(results: Path) -> str:
             "is logged every step (full curves in each run's `metrics.csv`). Held-out accuracy: greedy decoding "
             "under the sampler profile on the same `heldout_n` held-out problems at every evaluation "
             "(`minite_core/rl/heldout.py`: why greedy); the gain is paired over those problems.\n\n"
+            + base_models(summaries)
             + _table(["run", "seed"] + [k.replace("timing/", "").replace("mismatch/", "") for k in keys], rows)
             + (f"\nRuns without results:\n\n{failed_lines}" if failed_lines else "")
             + "\n" + _img(results, results / "rl" / "curves.png", "RL curves")
@@ -323,8 +325,8 @@ def section_peers(results: Path) -> str:
 
 
 SECTIONS = [section_header, section_claims, section_kernel_check, section_throughput, section_sampler_throughput,
-            section_kernels, section_quant_error, section_pretrain, section_mismatch, section_trace, section_attribution,
-            section_rl, section_eval, section_peers, section_te]
+            section_kernels, section_quant_error, section_pretrain, section_scale, section_mismatch, section_trace,
+            section_attribution, section_rl, section_eval, section_peers, section_te]
 
 
 def build(results: Path) -> str:
@@ -339,6 +341,7 @@ def main(argv=None) -> int:
     results = Path(args.results)
     if not results.is_dir():
         raise SystemExit(f"minite report: {results} is not a folder; run the DAG stages first")
+    draw_scale(results)  # the one figure drawn from several stages' files (the sweep's sizes)
     text = build(results)
     Path(args.out).write_text(text)
     print(f"wrote {args.out} ({len(text.splitlines())} lines)")

@@ -11,8 +11,10 @@ adds "cannot be judged" (report/rl.py: BF16 did not learn). The rules:
   2·sqrt(SE_minite² + SE_bf16²); the on-policy pair (minite-onpolicy) is *bitwise* when its k3 and max |Δ| are
   both exactly 0. Supported = at the level and bitwise; partly = at the level, on-policy pair not bitwise or not
   run; not supported = above the level.
-- (c) long-horizon RL (rl/*/summary.json): report/rl.py's claim_c_verdict (1 SE rule against BF16). Stability is
-  shown beside it: a pair *collapsed* when its paired held-out gain is below −2 SE (it ended worse than it began).
+- (c) long-horizon RL (rl/*/summary.json): report/rl.py's claim_c_verdict (1 SE rule against BF16), the same rule
+  at any model size; the row names the RL base model's size and, where the NVFP4-cost sweep measured it
+  (report/scale.py), its minite drop from BF16 before any RL step. Stability is shown beside it: a pair
+  *collapsed* when its paired held-out gain is below −2 SE (it ended worse than it began).
 - (d) throughput (throughput/learner.json, sampler.json): judged only where the file says its targets apply (a GPU
   run). Supported = miniTE's learner update faster than both BF16 and TE-NVFP4 (the paper's direction); partly =
   faster than TE-NVFP4 only; not supported = not faster than TE-NVFP4.
@@ -29,6 +31,7 @@ from pathlib import Path
 from minite_core.profiles import PROFILES
 from minite_core.report.common import NOT_RUN, fmt, load, table, vllm_peer_dir
 from minite_core.report.rl import claim_c_verdict, load_summaries, pair_results
+from minite_core.report.scale import HEAD as SCALE_HEAD, load_sizes, params_text, rl_base_params
 from minite_core.report.tables import WHY_NOT_HOPPER
 from minite_core.report.te import HEAD as TE_HEAD, claim_agreement, te_nvfp4_agreement
 
@@ -135,7 +138,19 @@ def claim_c(results: Path) -> tuple[str, str]:
     collapsed = [p.label for p in pairs if p.gain < -2 * p.gain_se]
     stability = (f"collapsed (final below initial by > 2 SE): {', '.join(collapsed)}" if collapsed
                  else "no pair collapsed (final below initial by > 2 SE)")
-    return f"final held-out accuracy ± SE: {finals}; {stability}", f"{word}: {reason}"
+    return f"{_scale(results)}final held-out accuracy ± SE: {finals}; {stability}", f"{word}: {reason}"
+
+
+def _scale(results: Path) -> str:
+    """Which model claim (c) is judged on: its parameters, and its NVFP4 cost where the sweep measured it."""
+    params = rl_base_params(results)
+    if params is None:
+        return ""
+    row = next((r["metrics"] for r in load_sizes(results) if r["metrics"]["num_parameters"] == params), None)
+    drop = (row or {}).get("profiles", {}).get("minite")
+    cost = (f" (size `{row['size']}`: minite {100 * drop['drop']:+.1f} ± {100 * drop['drop_se']:.1f} points from "
+            "BF16 before RL)") if drop else ""
+    return f"on a base model of {params_text(params)} parameters{cost}: "
 
 
 def _sampler_ratios(res: dict) -> str:
@@ -203,7 +218,8 @@ CLAIMS = [  # (claim, the paper's words, short; where)
      [(MISMATCH, "mismatch")]),
     ("b", "cross-engine numerical alignment (miniTE) brings the mismatch to the BF16 level; on-policy bitwise",
      [(MISMATCH, "mismatch")]),
-    ("c", "long-horizon RL: stable, close to BF16, better than naive TE NVFP4", [(RL, "RL")]),
+    ("c", "long-horizon RL: stable, close to BF16, better than naive TE NVFP4",
+     [(RL, "RL"), (SCALE_HEAD.strip("# "), "size")]),
     ("d", "the optimized learner beats BF16 and TE NVFP4 throughput (one B300 node)",
      [(THROUGHPUT, "learner"), (SAMPLER, "sampler")]),
     ("e", "(this harness) the emulated vLLM and TE profiles execute as the real engines do",

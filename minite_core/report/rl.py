@@ -191,6 +191,20 @@ def pair_table(pairs: list[PairResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def base_models(summaries: list[dict]) -> str:
+    """A sentence when the runs start from more than one base checkpoint (the same SFT recipe trained again, e.g. in
+    each machine hold: GPU training is not promised bitwise): which runs share which (summary.json `config.inputs`,
+    the fingerprint of the checkpoint, the data and the code); "" when they all share one."""
+    groups: dict[str, list[str]] = {}
+    for s in summaries:
+        groups.setdefault(s["config"].get("inputs", "?"), []).append(s.get("run", "?"))
+    if len(groups) < 2:
+        return ""
+    return (f"These runs start from {len(groups)} base checkpoints, each an SFT of the same recipe (`config.inputs` "
+            "of summary.json differs): " + "; ".join(", ".join(f"`{r}`" for r in runs) for runs in groups.values())
+            + ".\n\n")
+
+
 def load_summaries(results: Path) -> list[dict]:
     return [read_result(p, stage="rl") for p in sorted((results / "rl").glob("*/summary.json"))]
 

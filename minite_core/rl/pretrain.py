@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minite_core.model import CausalLM, ModelConfig, save_pretrained, use_profile
+from minite_core.model.config import PRESETS, SHAPE_FIELDS
 from minite_core.nn import track_optimizer
 from minite_core.nn.nonfinite import Watch
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
@@ -45,15 +46,23 @@ from minite_core.rl.heldout import evaluate
 from minite_core.task.tasks import ARITHMETIC
 from minite_core.seeds import tagged
 from minite_core.task.data import TOKENIZER, load_split
-from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode, load_tokenizer, save_tokenizer
+from minite_core.task.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB, encode, load_tokenizer, save_tokenizer
 
 OUTPUTS = ("model", "loss.csv", "pretrain.json")  # what a run writes to --out (what --restart sets aside)
-VOCAB_SIZE = 64  # len(VOCAB) = 54 rounded up to a multiple of 16 (extra rows are never targets)
+VOCAB_MULTIPLE = 16  # the model's vocabulary: the tokenizer's rounded up (extra rows are never targets); 16 = the
+# NVFP4 block along K of the LM head's backward (dgrad reduces over the vocabulary). Character level: 54 -> 64.
+
+
+def model_vocab(tokenizer_size: int) -> int:
+    """The model's vocabulary size for a tokenizer of ``tokenizer_size`` tokens (VOCAB_MULTIPLE)."""
+    return -(-tokenizer_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
     # --- model (Qwen3-MoE shape; every layer MoE). Defaults: the CPU smoke size (~0.1 s per step on 2 cores).
+    # a named shape (model/config.py PRESETS, e.g. "qwen3-moe-827m") sets the SHAPE_FIELDS below; "" = the fields
+    preset: str = ""
     hidden_size: int = 64  # multiple of 16: the NVFP4 block along K
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
@@ -81,6 +90,8 @@ class PretrainConfig:
     profile: str = "bf16"  # fp32 masters, bf16 compute (the BF16 baseline's base model is everyone's base model)
 
     def __post_init__(self):
+        if self.preset:
+            self._apply_preset()
         lo, hi = self.target_accuracy
         if not 0 <= lo <= hi <= 1:
             raise ValueError(f"PretrainConfig.target_accuracy must be 0 <= low <= high <= 1, got {self.target_accuracy}")
@@ -89,9 +100,23 @@ class PretrainConfig:
                 raise ValueError(f"PretrainConfig.{key} must be >= 1, got {getattr(self, key)}")
         self.model_config()  # ModelConfig checks the shape (GQA heads, head_dim, top-k)
 
-    def model_config(self) -> ModelConfig:
+    def _apply_preset(self) -> None:
+        """The preset's shape replaces the fields still at their defaults; a field set to another value than the
+        preset's is an error (one model, one shape)."""
+        if self.preset not in PRESETS:
+            raise ValueError(f"PretrainConfig.preset {self.preset!r} is not a model preset; known: {sorted(PRESETS)}")
+        shape = PRESETS[self.preset]
+        for f in SHAPE_FIELDS:
+            mine, default, theirs = getattr(self, f), self.__dataclass_fields__[f].default, getattr(shape, f)
+            if mine not in (default, theirs):
+                raise ValueError(f"PretrainConfig.{f}={mine} contradicts preset {self.preset!r} ({f}={theirs}): "
+                                 "give the preset or the shape fields")
+            object.__setattr__(self, f, theirs)
+
+    def model_config(self, vocab_size: int = model_vocab(len(VOCAB))) -> ModelConfig:
+        """The model of this shape over a vocabulary of ``vocab_size`` (default: the character tokenizer's 64)."""
         return ModelConfig(
-            vocab_size=VOCAB_SIZE, hidden_size=self.hidden_size, intermediate_size=2 * self.hidden_size,
+            vocab_size=vocab_size, hidden_size=self.hidden_size, intermediate_size=2 * self.hidden_size,
             moe_intermediate_size=self.moe_intermediate_size, num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim, num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
@@ -123,9 +148,10 @@ def greedy_accuracy(model, profile, tok, examples: list[dict], *, max_new_tokens
                     engine=engine).metrics()
 
 
-def max_response_tokens(examples: list[dict]) -> int:
-    """Generation budget: the longest reference response + <eos> + 16 tokens of slack for a wrong, longer one."""
-    return ARITHMETIC.max_new_tokens(examples)
+def max_response_tokens(tok, examples: list[dict]) -> int:
+    """Generation budget: the longest reference response in tokens + <eos> + 16 tokens of slack for a wrong,
+    longer one."""
+    return ARITHMETIC.max_new_tokens(tok, examples)
 
 
 def sft_batch(prompts, responses, idx: list[int]):
@@ -163,17 +189,16 @@ class _SFT:
 def _setup(cfg: PretrainConfig, data_dir: str | Path, seed: int, device: str, engine: str | None) -> _SFT:
     train, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")  # names a missing data dir
     tok = load_tokenizer(Path(data_dir) / TOKENIZER)
-    if len(tok) > VOCAB_SIZE:
-        raise ValueError(f"tokenizer has {len(tok)} tokens > model vocab {VOCAB_SIZE}")
     prompts, responses = encode(tok, train)
-    cfg.model_config().check_tokens([p + r for p, r in zip(prompts, responses)], what="training example")
-    model = CausalLM(cfg.model_config()).init_weights(tagged(seed, "init")).to(device)
+    model_cfg = cfg.model_config(model_vocab(len(tok)))
+    model_cfg.check_tokens([p + r for p, r in zip(prompts, responses)], what="training example")
+    model = CausalLM(model_cfg).init_weights(tagged(seed, "init")).to(device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
     run_cfg = {**config_to_dict(cfg), "seed": seed, "inputs": fingerprint(Path(data_dir) / "train.jsonl")}
     return _SFT(cfg, tok, prompts, responses, heldout, eval_subset(heldout, cfg.eval_per_level),
-                max_response_tokens(train + heldout), model, opt, run_cfg, seed, device, engine)
+                max_response_tokens(tok, train + heldout), model, opt, run_cfg, seed, device, engine)
 
 
 def sft_step(run: _SFT, step: int) -> dict:

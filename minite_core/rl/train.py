@@ -258,7 +258,7 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
     task = task_of(train_set)
     if task is not task_of(heldout):
         raise ValueError(f"{data_dir}: train.jsonl and heldout.jsonl hold different tasks")
-    max_new = cfg.max_new_tokens or task.max_new_tokens(train_set + heldout)
+    max_new = cfg.max_new_tokens or task.max_new_tokens(tok, train_set + heldout)
     if not max_new:
         raise ValueError(f"{data_dir} holds {task.name} problems without reference responses: set rl.max_new_tokens "
                          "(the response budget)")

@@ -4,10 +4,11 @@ What: a prompt such as ``47+85=\\n`` or ``478*56=\\n`` and a response that works
 column (or one multiplier digit) per line, and ends with the line ``answer: N``. The reward checks only ``N``.
 
 Why this task: RL on a tiny character-level model needs (a) an exactly verifiable reward, (b) responses in the
-64–256 token range (the tokenizer is character level, so tokens == characters) so that per-token learner/sampler
-mismatch accumulates over a realistic horizon, and (c) graded difficulty so an SFT-pretrained base model is
-accurate on easy levels and only partially accurate on hard ones (RL headroom). Everything is made locally and
-deterministically from explicit seeds; nothing is downloaded.
+64–256 token range (the character tokenizer: tokens == characters; the BPE one of the GPU runs makes them ~0.53
+token a character, 38–155 tokens) so that per-token learner/sampler mismatch accumulates over a realistic horizon,
+and (c) graded difficulty so an SFT-pretrained base model is accurate on easy levels and only partially accurate on
+hard ones (RL headroom). Everything is made locally and deterministically from explicit seeds; nothing is
+downloaded.
 
 Scratchpad format (every line but the last carries the running result after ``->``, so the answer line is a copy of
 the previous line's running result — learnable for a small model; the carry is written explicitly as ``+c``):
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from minite_core.seeds import task_stream_seed
 
-RESPONSE_MIN_CHARS = 64  # DESIGN.md RL: responses are 64–256 tokens (= characters)
+RESPONSE_MIN_CHARS = 64  # DESIGN.md RL: responses are 64–256 tokens (= characters, character tokenizer)
 RESPONSE_MAX_CHARS = 256
 PROMPT_MAX_CHARS = 32
 

@@ -3,8 +3,10 @@
 What it writes under ``--out``:
     train.jsonl     one example a line: {"prompt", "response", "answer", "level"} (task/arithmetic.py's format)
     heldout.jsonl   same, prompts disjoint from train (never used for training or calibration)
-    tokenizer/      the character-level tokenizer (transformers ``save_pretrained`` layout)
-    data.json       results contract (stage "data"): counts, prompt/response length stats per level
+    tokenizer/      the tokenizer (transformers ``save_pretrained`` layout): character level, or byte-level BPE
+                    trained on train.jsonl's prompts + responses (``tokenizer: bpe``; task/tokenizer.py)
+    data.json       results contract (stage "data"): counts, the vocabulary size, response lengths per level in
+                    characters and in tokens
 
 Deterministic: the files are a function of (``DataConfig``, run seed) only (``task.make_splits`` draws each
 (seed, level, split) from its own stream), so re-running the rule reproduces them byte for byte.
@@ -29,7 +31,7 @@ from minite_core.seeds import tagged
 from minite_core.task.arithmetic import LEVELS, TaskConfig, level_index, make_splits
 from minite_core.task.jsonl import EXAMPLE_FIELDS, read_jsonl, write_jsonl
 from minite_core.task.math_data import load_math_file
-from minite_core.task.tokenizer import build_tokenizer, save_tokenizer
+from minite_core.task.tokenizer import KINDS, make_tokenizer, save_tokenizer
 
 TRAIN, HELDOUT, TOKENIZER = "train.jsonl", "heldout.jsonl", "tokenizer"
 
@@ -45,8 +47,15 @@ class DataConfig:
     # held-out prompts per level: 512 = what an RL evaluation scores by default (RLConfig.eval_n; binomial SE <= 2.2
     # points, what a held-out claim needs)
     n_heldout_per_level: int = 512
+    # "char": one token a character (the CPU smoke: a 64-entry LM head); "bpe": byte-level BPE trained on the train
+    # split (GPU runs: a vocabulary of real-model kind, ~1,300 tokens on add3 + mul3x1; task/tokenizer.py)
+    tokenizer: str = "char"
+    # BPE only: the ceiling of the vocabulary; the task text runs out of merges below 2048 (1,301 for add3 + mul3x1)
+    vocab_size: int = 2048
 
     def __post_init__(self):
+        if self.tokenizer not in KINDS:
+            raise ValueError(f"DataConfig.tokenizer must be one of {list(KINDS)}, got {self.tokenizer!r}")
         if not self.levels:
             raise ValueError("DataConfig.levels is empty: name at least one task level")
         for name in self.levels:
@@ -66,16 +75,22 @@ def write_data(out: str | Path, cfg: DataConfig, seed: int) -> dict:
     train, heldout = make_splits(cfg.task_config(seed))
     write_jsonl(train, out / TRAIN)
     write_jsonl(heldout, out / HELDOUT)
-    save_tokenizer(build_tokenizer(), out / TOKENIZER)
+    tok = make_tokenizer(cfg.tokenizer, [e["prompt"] + e["response"] for e in train], cfg.vocab_size)
+    save_tokenizer(tok, out / TOKENIZER)
     per_level = {}
     for name in cfg.levels:
         li = level_index(name)
-        resp = [len(e["response"]) for e in train if e["level"] == li]
-        per_level[LEVELS[li].name] = {"n_train": len(resp),
-                                      "n_heldout": sum(e["level"] == li for e in heldout),
-                                      "response_chars_min": min(resp), "response_chars_max": max(resp),
-                                      "response_chars_mean": sum(resp) / len(resp)}
-    return {"n_train": len(train), "n_heldout": len(heldout), "levels": per_level}
+        rows = [e for e in train if e["level"] == li]
+        chars = [len(e["response"]) for e in rows]
+        tokens = [len(ids) for ids in tok([e["response"] for e in rows], add_special_tokens=False)["input_ids"]]
+        per_level[LEVELS[li].name] = {"n_train": len(rows), "n_heldout": sum(e["level"] == li for e in heldout),
+                                      **_stats("response_chars", chars), **_stats("response_tokens", tokens)}
+    return {"n_train": len(train), "n_heldout": len(heldout), "tokenizer": cfg.tokenizer, "vocab": len(tok),
+            "levels": per_level}
+
+
+def _stats(name: str, values: list[int]) -> dict:
+    return {f"{name}_min": min(values), f"{name}_max": max(values), f"{name}_mean": sum(values) / len(values)}
 
 
 def import_data(out: str | Path, train: str | Path, heldout: str | Path) -> dict:
@@ -143,5 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     metrics = write_data(args.out, cfg, args.seed)
     write_result(Path(args.out) / "data.json", stage="data", experiment=args.experiment,
                  config={**config_to_dict(cfg), "seed": args.seed}, metrics=metrics)
-    print(f"data: {metrics['n_train']} train / {metrics['n_heldout']} held-out examples -> {args.out}")
+    print(f"data: {metrics['n_train']} train / {metrics['n_heldout']} held-out examples, {cfg.tokenizer} tokenizer "
+          f"of {metrics['vocab']} tokens -> {args.out}")
     return 0

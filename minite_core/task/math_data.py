@@ -140,5 +140,5 @@ class MathTask:
         solutions = tok([r["response"] for r in rows], add_special_tokens=False)["input_ids"]
         return [p + list(s) + end for p, s in zip(self.prompt_ids(tok, rows), solutions)]
 
-    def max_new_tokens(self, rows: list[dict]) -> int | None:
+    def max_new_tokens(self, tok, rows: list[dict]) -> int | None:
         return None  # no bound from the data: the experiment's rl / diagnostics max_new_tokens

@@ -13,7 +13,7 @@ The interface (duck-typed; both classes implement it):
     stop_ids(tok) -> (int, ...)               tokens that end a response (kept in it)
     group(row) -> str                         the per-group breakdown of accuracies (level / data source)
     calibration_sequences(tok, rows) -> [[int]]   token sequences that calibrate static activation scales
-    max_new_tokens(rows) -> int | None        the response budget the data implies (None: none; config's)
+    max_new_tokens(tok, rows) -> int | None   the response budget the data implies (None: none; config's)
 """
 from __future__ import annotations
 
@@ -46,10 +46,9 @@ class ArithmeticTask:
     def calibration_sequences(self, tok, rows: list[dict]) -> list[list[int]]:
         return calibration_sequences(tok, rows)
 
-    def max_new_tokens(self, rows: list[dict]) -> int:
-        """The longest reference response + <eos> + 16 tokens of slack for a wrong, longer one (one character a
-        token)."""
-        return max(len(r["response"]) for r in rows) + 1 + 16
+    def max_new_tokens(self, tok, rows: list[dict]) -> int:
+        """The longest reference response in tokens + <eos> + 16 tokens of slack for a wrong, longer one."""
+        return max(len(ids) for ids in tok([r["response"] for r in rows], add_special_tokens=False)["input_ids"]) + 17
 
 
 ARITHMETIC, MATH = ArithmeticTask(), MathTask()

@@ -1,30 +1,41 @@
-"""Character-level tokenizer for the synthetic RL task, built locally (no hub).
+"""The task's tokenizers, built locally (no hub): character level (the CPU smoke) or byte-level BPE trained on the
+task text (the GPU experiments). Both are ``transformers.PreTrainedTokenizerFast`` with the same four special tokens
+at the same ids, saved with ``save_pretrained`` so ``AutoTokenizer.from_pretrained(dir)`` loads them offline (vLLM
+and lm-eval load them the same way).
 
-What: a ``transformers.PreTrainedTokenizerFast`` whose every token is one character of a fixed alphabet, plus four
-special tokens. ``save_tokenizer`` writes ``tokenizer.json`` + ``tokenizer_config.json`` with ``save_pretrained`` so
-``AutoTokenizer.from_pretrained(dir)`` loads it offline (vLLM and lm-eval load it the same way).
+Character level (``build_tokenizer``): every token is one character of a fixed alphabet. Token count == character
+count, so the task's 64–256 character responses are 64–256 tokens, the vocabulary (and the LM head) stays tiny,
+and there is no merge table whose boundaries could differ between engines. How (tokenizers library): a
+``WordLevel`` model over single characters behind a ``Split`` pre-tokenizer that isolates every character (the
+regex ``[\\s\\S]`` also matches newlines), and a ``Fuse`` decoder that concatenates tokens, so
+``decode(encode(s)) == s`` exactly (the default WordLevel decoder would join tokens with spaces).
 
-Why character level: token count == character count, so the task's 64–256 character responses are 64–256 tokens
-(DESIGN.md RL), the vocabulary (and the LM head) stays tiny, and there is no merge table whose boundaries could
-differ between engines.
+Byte-level BPE (``train_bpe_tokenizer``): what real models use, so that the LM head weighs what it does there (a
+vocabulary of ~1,300 tokens on the task text rather than 54). Llama 3's pre-tokenizer (its split regex, then GPT-2's
+byte-to-unicode map): numbers are cut into chunks of at most 3 digits, left to right, words keep their leading
+space, and BPE merges only inside a chunk. Trained on the train split's prompts + responses (never held-out text)
+with ``vocab_size`` as a ceiling: on the task text the merges run out first (every 1-3 digit number, the task's
+words and operators: 1,301 tokens for add3 + mul3x1, 478 for add2 alone), so the vocabulary is the text's, not a
+padded round number. Deterministic: the trainer breaks ties by the pair itself, not by hash order (tests train
+twice and compare the saved files byte for byte). A response is ~0.53 BPE token a character: add2's 73–77
+characters are 38 tokens, add3 / mul3x1's 91–98 are 49–51, add5 76, mul2x2 104–118, mul3x2 140–155.
 
-How (tokenizers library): a ``WordLevel`` model over single characters behind a ``Split`` pre-tokenizer that isolates
-every character (the regex ``[\\s\\S]`` also matches newlines), and a ``Fuse`` decoder that concatenates tokens, so
-``decode(encode(s)) == s`` exactly, spaces and newlines included (the default WordLevel decoder would join tokens
-with spaces). ``clean_up_tokenization_spaces=False`` keeps transformers from editing spaces around punctuation.
-
-Special tokens and conventions (the training loop and the sampler rely on these):
-- ``<pad>`` id 0, ``<bos>`` id 1, ``<eos>`` id 2, ``<unk>`` id 3 (any character outside the alphabet).
+Special tokens and conventions (the training loop and the sampler rely on these, for both kinds):
+- ``<pad>`` id 0, ``<bos>`` id 1, ``<eos>`` id 2, ``<unk>`` id 3 (any character outside the character alphabet;
+  byte-level BPE encodes every string and never emits it).
 - ``tok(text)`` (``add_special_tokens=True``) prepends ``<bos>``; nothing is appended. Prompts are encoded with
-  ``<bos>``; responses with ``add_special_tokens=False`` followed by ``<eos>``, which ends generation.
-- ``padding_side="right"`` (training); a sampler that left-pads sets it per call.
+  ``<bos>``; responses with ``add_special_tokens=False`` followed by ``<eos>``, which ends generation. A prompt ends
+  in ``=\\n`` and a response starts with a letter, so encoding the two apart gives the tokens of encoding their
+  concatenation (the pre-tokenizer splits there either way).
+- ``clean_up_tokenization_spaces=False`` keeps transformers from editing spaces around punctuation;
+  ``padding_side="right"`` (training); a sampler that left-pads sets it per call.
 """
 from __future__ import annotations
 
 import string
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -35,6 +46,11 @@ CHARS: tuple[str, ...] = tuple("\n " + string.digits + "+-*/=:,.>?()" + string.a
 VOCAB: tuple[str, ...] = SPECIAL_TOKENS + CHARS  # 4 + 2 + 10 + 12 + 26 = 54 entries; id = position
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_MAX_LENGTH = 512  # <bos> + prompt (< 32) + response (<= 256) + <eos> with room for longer variants
+KINDS = ("char", "bpe")  # DataConfig.tokenizer
+# Llama 3's pre-tokenizer regex (its tokenizer.json): contractions, words with one leading non-letter, numbers in
+# chunks of <= 3 digits, punctuation runs with their newlines, newline runs, spaces
+BPE_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 assert len(set(VOCAB)) == len(VOCAB) < 64
 
@@ -44,10 +60,43 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=UNK))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()
+    return _wrap(tk)
+
+
+def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on ``texts`` (module docstring), at most ``vocab_size`` tokens: the four special
+    tokens (ids 0..3), the 256 byte symbols, then the merges in the order learned."""
+    if vocab_size < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(f"a byte-level BPE vocabulary holds the {len(SPECIAL_TOKENS)} special tokens and 256 bytes: "
+                         f"vocab_size must be >= {len(SPECIAL_TOKENS) + 256}, got {vocab_size}")
+    if not texts:
+        raise ValueError("BPE training needs text: no training examples")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(BPE_SPLIT), behavior="isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(texts, trainer)
+    return _wrap(tk)
+
+
+def make_tokenizer(kind: str, texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """The tokenizer of ``kind`` ("char": ``texts`` and ``vocab_size`` unused; "bpe": trained on ``texts``)."""
+    if kind == "char":
+        return build_tokenizer()
+    if kind == "bpe":
+        return train_bpe_tokenizer(texts, vocab_size)
+    raise ValueError(f"unknown tokenizer kind {kind!r}; one of {list(KINDS)}")
+
+
+def _wrap(tk: Tokenizer) -> PreTrainedTokenizerFast:
+    """The conventions of the module docstring on a tokenizers ``Tokenizer``: <bos> prepended, specials matched
+    whole (never split by the pre-tokenizer), right padding, no space clean-up."""
     tk.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, BOS_ID)]
     )
-    tk.add_special_tokens(list(SPECIAL_TOKENS))  # matched before pre-tokenization, never split into characters
+    tk.add_special_tokens(list(SPECIAL_TOKENS))
     return PreTrainedTokenizerFast(
         tokenizer_object=tk,
         pad_token=PAD,

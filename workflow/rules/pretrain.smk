@@ -1,10 +1,13 @@
 # Stage: SFT-pretrain the RL base model (Qwen3-MoE-shaped, from scratch) on the task to partial accuracy
-# (minite_core.rl.pretrain; `minite pretrain`). Every RL run starts from this one checkpoint.
+# (minite_core.rl.pretrain; `minite pretrain`). Every RL run starts from this one checkpoint. Its config: the
+# `pretrain:` section, or with `pretrain.size` that size of the scale sweep (experiment.py pretrain_section).
 # Resume state lives in {RESULTS}/pretrain/state/, outside the outputs: Snakemake's cleanup of a failed or
 # killed job leaves it, and the rerun continues from the last checkpoint; a run of a changed config is kept under
 # {RESULTS}/pretrain/previous/<time>/ (--restart-if-changed).
 # With your own model (config model.path) there is nothing to pretrain: BASE_MODEL is your checkpoint directory.
+import json
 
+PRETRAIN_CONFIG = json.dumps(pretrain_section(config))  # pretrain.size resolved
 
 if MODEL:
     BASE_MODEL = MODEL
@@ -18,7 +21,7 @@ else:
             train=rules.data.output.train,
             heldout=rules.data.output.heldout,
             tokenizer=DATA_TOKENIZER,
-            params=stamp(RESULTS, "pretrain", RUN, section_json(config, "pretrain")),
+            params=stamp(RESULTS, "pretrain", RUN, PRETRAIN_CONFIG),
         output:
             checkpoint=directory(f"{RESULTS}/pretrain/model"),
             json=f"{RESULTS}/pretrain/pretrain.json",
@@ -36,7 +39,7 @@ else:
             data=lambda wildcards, input: str(Path(input.train).parent),
             out=lambda wildcards, output: str(Path(output.json).parent),
             run=RUN,
-            config=section_json(config, "pretrain"),
+            config=PRETRAIN_CONFIG,
         shell:
             "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
             "--no-progress --restart-if-changed {params.run} --config-json {params.config:q} > {log} 2>&1"

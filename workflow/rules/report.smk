@@ -15,10 +15,21 @@ rule report:
             rules.eval_checkpoint.output.json, run=EVAL_RUNS, profile=EVAL_PROFILES
         ),
         peers=report_extras(RESULTS),  # committed peer measurements it also reads
+        scale=rules.scale.input,
     output:
         report=report(
             f"{RESULTS}/report.md", caption="../report/report.rst", category="Report"
         ),
+        # the NVFP4-cost-against-size figure, drawn by the report from every size's results (none without sizes)
+        scale_figure=[
+            report(
+                f"{RESULTS}/scale/drop_vs_params.png",
+                caption="../report/scale.rst",
+                category="Scale",
+            )
+        ]
+        if SCALE_SIZES
+        else [],
     log:
         f"{RESULTS}/logs/report.log",
     conda:

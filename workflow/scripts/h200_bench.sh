@@ -29,7 +29,7 @@ timeout "${SAMPLER_S:-420}" python3 -m minite_core.cli bench sampler --config h2
     --budget-s "${SAMPLER_BUDGET_S:-330}" --out "$OUT/sampler.json" ${SAMPLER_ARGS:-} > "$OUT/sampler.log" 2>&1
 echo "sampler exit $?"; tail -20 "$OUT/sampler.log"
 echo "== kernels stage (checks + micro-benchmarks)"
-CFG=$(python3 -c "import json, yaml; print(json.dumps(yaml.safe_load(open('experiments/h200.yaml'))))")
+CFG=$(python3 -c "import json, yaml; from minite_core.experiment import pretrain_section; c = yaml.safe_load(open('experiments/h200.yaml')); c['pretrain'] = pretrain_section(c); print(json.dumps(c))")
 timeout "${KERNELS_S:-200}" python3 -m minite_core.cli kernels --experiment-config "$CFG" --device cuda \
     --experiment h200 --out "$OUT/check.json" --bench "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
 echo "kernels exit $?"; grep -E "checks on|moe|linear-w4a4|quantize-1x16-row|d2d|FAILED|error" "$OUT/kernels.log" | head -40
