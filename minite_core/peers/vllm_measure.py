@@ -4,7 +4,8 @@
     python -m minite_core.peers.vllm_measure compare --checkpoint DIR --prompts F --calib F --out DIR
     python -m minite_core.peers.vllm_measure bench   --checkpoint DIR --prompts F --calib F --out DIR
 
-push-check  one engine generates, the model's weights move (one seeded perturbation, the size of an update),
+push-check  one engine generates, takes a push of the weights it already runs (control: nothing may change),
+            generates again, the model's weights move (one seeded perturbation, the size of an update),
             `push_weights()` loads them, the engine generates again; a fresh engine started on the moved weights
             (its own process: `vllm_compare sample`) generates the same prompts with the same seeds. Passes when
             the pushed engine's tokens and log-probs equal the fresh one's bit for bit and differ from before.
@@ -52,14 +53,17 @@ STAGE = "vllm_gpu"
 
 # ---- shared setup --------------------------------------------------------------------------------------------
 def load_model(a) -> tuple[CausalLM, object]:
-    """The base model (a checkpoint, or a random tiny one: --random moe|dense) and its tokenizer, calibrated on
-    --calib when any profile needs static scales (the NVFP4 export always does)."""
+    """The base model (a checkpoint, or a random tiny one: --random moe|dense) with bf16-valued weights and its
+    tokenizer, calibrated on --calib (static input scales: the NVFP4 export and our static-scale profiles)."""
     if a.checkpoint:
         model, tok = load_pretrained(a.checkpoint, device=a.device), load_tokenizer(a.checkpoint)
     else:
         model, tok = CausalLM(MOE if a.random == "moe" else DENSE).init_weights(a.seed, std=0.3).to(a.device), build_tokenizer()
+    with torch.no_grad():  # bf16-valued masters: vLLM's bf16 tensors and ours are then the same numbers, and the
+        for p in model.parameters():  # NVFP4 export quantizes exactly what our profiles quantize (vllm_compare)
+            p.copy_(p.to(torch.bfloat16))
     rows = read_jsonl(a.calib) if a.calib else _task_rows(64, a.seed)
-    set_profile(model, PROFILES["vllm-nvfp4"])  # the export's quantizer: static per-tensor input scales
+    set_profile(model, PROFILES["bf16"])  # the activations the scales are taken from (as vllm_compare)
     calibrate_on_examples(model, tok, rows, n=min(a.calib_rows, len(rows)), seed=a.seed)
     return model, tok
 
@@ -76,6 +80,7 @@ def _prompts(a, tok) -> list[list[int]]:
 
 
 def _engine(model, tok, mode, a, **kw) -> vllm_rollout.VLLMRollout:
+    kw.setdefault("enforce_eager", a.enforce_eager)
     return vllm_rollout.VLLMRollout(model, mode, tokenizer=tok, seed=a.seed, workdir=Path(a.work) / mode,
                                     gpu_memory_utilization=a.gpu_memory_utilization, **kw)
 
@@ -93,16 +98,20 @@ def push_check_main(a) -> int:
     eng = _engine(model, tok, a.mode, a)
     gen = lambda: eng.generate(prompts, max_new_tokens=a.max_new_tokens, seed=a.seed)  # noqa: E731
     before = gen()
+    eng.push_weights()  # the control: pushing the weights the engine already runs changes nothing
+    unchanged = gen()
     g = torch.Generator(device="cpu").manual_seed(tagged(a.seed, "learner"))  # stands in for an update
     for p in model.parameters():  # ~1% of each tensor's scale: an update's size, enough to move the tokens
         p.add_(torch.randn(p.shape, generator=g).to(p.device) * (0.01 * float(p.float().std()) + 1e-8))
     eng.push_weights()
     after = gen()
     fresh_dir = vllm_rollout.export(model, a.mode, Path(a.work) / "fresh", tok)
-    fresh = _sample_subprocess(fresh_dir, prompts, a, vllm_rollout.get_mode(a.mode).llm_kwargs)
+    fresh = _sample_subprocess(fresh_dir, prompts, a, eng.engine_kwargs)  # started exactly as the pushed one
     diff = max((abs(x - y) for r1, r2 in zip(after.logprobs, fresh["logprobs"]) for x, y in zip(r1, r2)),
                default=float("nan"))
-    metrics = {"push_equals_fresh": after.response_ids == fresh["response_ids"] and after.logprobs == fresh["logprobs"],
+    metrics = {"push_unchanged_is_noop": unchanged.response_ids == before.response_ids
+               and unchanged.logprobs == before.logprobs,
+               "push_equals_fresh": after.response_ids == fresh["response_ids"] and after.logprobs == fresh["logprobs"],
                "push_vs_fresh_max_abs_dlogp": diff, "weights_moved_tokens": after.response_ids != before.response_ids,
                "push_s": eng.push_s, "tokens": sum(map(len, after.response_ids))}
     write_result(a.out, stage=STAGE, experiment=a.experiment, config={**_cfg(a), "mode": a.mode, "check": "push"},
@@ -278,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--samplers", default="bf16,vllm-marlin-w4a16,vllm-nvfp4")
         p.add_argument("--batches", default="1,16,64,256")
         p.add_argument("--reps", type=int, default=3)
+        p.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile / CUDA graphs")
     a = ap.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     # what a child process of compare / bench repeats: every option but the command, --out and --mode

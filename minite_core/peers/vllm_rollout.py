@@ -146,10 +146,13 @@ class VLLMRollout:
         device = next(model.parameters()).device
         kwargs = {"gpu_memory_utilization": gpu_memory_utilization} if device.type == "cuda" else {}
         # full_rows: max_logprobs = the vocabulary, so generate(keep_logprob_rows=True) can ask for every token
-        self.engine = VLLMSampler(self.checkpoint, dtype="bfloat16", seed=seed, max_model_len=max_model_len,
-                                  max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
-                                  max_logprobs=model.config.vocab_size if full_rows else 1,
-                                  **self.mode.llm_kwargs, **kwargs, **llm_kwargs)
+        # what the engine is started with besides the checkpoint, dtype and seed (a fresh engine on other
+        # weights is started the same way: vllm_measure push-check)
+        self.engine_kwargs = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                              "enforce_eager": enforce_eager,
+                              "max_logprobs": model.config.vocab_size if full_rows else 1,
+                              **self.mode.llm_kwargs, **kwargs, **llm_kwargs}
+        self.engine = VLLMSampler(self.checkpoint, dtype="bfloat16", seed=seed, **self.engine_kwargs)
         self.pushes, self.push_s = 0, 0.0  # weight pushes so far and their total wall time
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,

@@ -309,6 +309,8 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
                else Learner(model, L, seed=tagged(seed, "learner")))
     opt = torch.optim.AdamW(learner.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
+    if learner.model is not model:  # the TE copy's own modules (router, LM head) cache theirs
+        track_optimizer(opt, learner.model)
     engine = "vllm" if vllm_mode else resolve_engine(None, device)  # fast on the GPU, reference on CPU ($MINITE_SAMPLER)
     learner_name, sampler_name = (learner_profile if te_mode else L.name), (sampler_profile if vllm_mode else S.name)
     run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": learner_name, "sampler": sampler_name,
