@@ -39,6 +39,7 @@ from minite_core.engines.calibration import calibrate_on_examples
 from minite_core.engines.fast_sampler import make_sampler
 from minite_core.engines.learner import Learner
 from minite_core.engines.sampler import Rollout, Sampler
+from minite_core.kernels import dispatch
 from minite_core.model import CausalLM, load_pretrained, set_profile
 from minite_core.peers import vllm_rollout
 from minite_core.peers.vllm_compare import DENSE, MOE, _metrics
@@ -258,6 +259,7 @@ def bench_vllm_main(a) -> int:
 def _cfg(a) -> dict:
     return {"checkpoint": a.checkpoint or f"random {a.random}", "num_prompts": a.num_prompts,
             "max_new_tokens": a.max_new_tokens, "seed": a.seed, "device": a.device, "calib_rows": a.calib_rows,
+            "kernels": dispatch.current_backend(), "enforce_eager": a.enforce_eager,
             "command": "python -m minite_core.peers.vllm_measure " + " ".join(sys.argv[1:])}
 
 
