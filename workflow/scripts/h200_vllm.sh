@@ -2,9 +2,10 @@
 # Real vLLM 0.26.0 on the H200 (docs/vllm-gpu.md), each part one <= 10-minute call, after
 # workflow/scripts/vllm_install_h200.sh --final (and, for `rl`, te_install_h200.sh --final) in the same hold:
 #
-#   h200_vllm.sh base      the H200 experiment's task data (committed) and SFT base model (`minite pretrain`, the
-#                          experiments/h200.yaml section, into $WORK/results: /tmp survives the next calls), then
-#                          the weight-push check on it: bf16 and nvfp4 (pushed engine == fresh engine, bitwise)
+#   h200_vllm.sh base      the SFT base model of experiments/h200.yaml (`minite pretrain` on the committed task
+#                          data, into $WORK/results: /tmp survives the next calls of a warm machine), <= 5 min
+#   h200_vllm.sh push      the weight-push check on it, bf16 and nvfp4 (a push of unchanged weights changes
+#                          nothing; after a push of moved weights the engine equals a fresh one, bitwise)
 #   h200_vllm.sh compare   vllm_measure compare on the base model: vLLM bf16 / nvfp4 (the kernel vLLM picks on
 #                          sm_90, recorded) / nvfp4-emulation against our learner and sampler profiles
 #   h200_vllm.sh bench     decode tokens/s, vLLM (CUDA graphs) beside our fast sampler, same model, prompts, batches
@@ -21,34 +22,41 @@ WORK=${WORK:-/tmp/minite-vllm}
 W=$WORK/results/$EXP
 BASE=$W/pretrain/model
 RUN_DIR=$W/rl/te:nvfp4__vllm:nvfp4__none
-MEASURE="python3 -m minite_core.peers.vllm_measure --checkpoint $BASE --prompts $R/data/heldout.jsonl --calib $R/data/train.jsonl --experiment $EXP --work $WORK/vllm-work"
+MEASURE="python3 -m minite_core.peers.vllm_measure"
+# every vllm_measure command's inputs (after the command): the base model, held-out prompts, the static scales' data
+ON_BASE=(--checkpoint "$BASE" --prompts $R/data/heldout.jsonl --calib $R/data/train.jsonl --experiment $EXP
+         --work "$WORK/vllm-work")
 mkdir -p "$W"
 need_base() { [ -f "$BASE/model.safetensors" ] || { echo "h200_vllm.sh: no base model in $BASE: run 'h200_vllm.sh base' first (same hold)" >&2; exit 1; }; }
-step() { echo "== $(date -u +%T) $*"; "$@"; echo "== rc=$?"; }
 
-case ${1:?usage: h200_vllm.sh base|compare|bench|rl start|rl status|collect} in
+case ${1:?usage: h200_vllm.sh base|push|compare|bench|rl start|rl status|collect} in
 base)
     if [ ! -f "$BASE/model.safetensors" ]; then
         timeout 300 python3 -m minite_core.cli pretrain --data $R/data --out $W/pretrain --state $W/pretrain/state \
             --no-progress $RUN --config-json "$(sec pretrain)" > "$OUT/pretrain.log" 2>&1
         echo "pretrain exit $?"; tail -2 "$OUT/pretrain.log"
     fi
+    ls -la "$BASE"
+    ;;
+push)
+    need_base
     for mode in bf16 nvfp4; do
-        timeout 240 $MEASURE push-check --mode "$mode" --num-prompts 16 --out "$W/vllm_gpu/push-$mode.json" \
+        timeout 280 $MEASURE push-check "${ON_BASE[@]}" --mode "$mode" --num-prompts 16 --max-new-tokens 32 \
+            --out "$W/vllm_gpu/push-$mode.json" \
             > "$OUT/push-$mode.log" 2>&1
         echo "push-check $mode exit $?"; tail -1 "$OUT/push-$mode.log"
     done
     ;;
 compare)
     need_base
-    timeout 560 $MEASURE compare --num-prompts "${PROMPTS:-64}" --max-new-tokens "${NEW_TOKENS:-64}" \
+    timeout 560 $MEASURE compare "${ON_BASE[@]}" --num-prompts "${PROMPTS:-64}" --max-new-tokens "${NEW_TOKENS:-64}" \
         --out "$W" > "$OUT/compare.log" 2>&1
     echo "compare exit $?"; grep -E "k3=|Error|error" "$OUT/compare.log" | tail -20
     cp "$W/vllm_gpu/summary.md" "$OUT/" 2>/dev/null
     ;;
 bench)
     need_base
-    timeout 560 $MEASURE bench --num-prompts "${PROMPTS:-64}" --max-new-tokens "${NEW_TOKENS:-64}" \
+    timeout 560 $MEASURE bench "${ON_BASE[@]}" --num-prompts "${PROMPTS:-64}" --max-new-tokens "${NEW_TOKENS:-64}" \
         --batches "${BATCHES:-1,16,64,256}" --modes bf16,nvfp4 --samplers bf16,vllm-marlin-w4a16 \
         --out "$W" > "$OUT/bench.log" 2>&1
     echo "bench exit $?"; grep -E "tok/s|Error|error" "$OUT/bench.log" | tail -20
