@@ -232,6 +232,14 @@ def _te_mode(errors, path, name):
         errors.append(f"config: {path}: unknown TE mode {learner_mode(name)!r}; one of {', '.join(sorted(MODES))}")
 
 
+def _vllm_mode(errors, path, name):
+    """A real-vLLM sampler `vllm:<mode>` (RL runs): the mode must be a vLLM mode."""
+    from minite_core.peers.vllm_rollout import MODES, sampler_mode
+
+    if sampler_mode(name) not in MODES:
+        errors.append(f"config: {path}: unknown vLLM mode {sampler_mode(name)!r}; one of {', '.join(sorted(MODES))}")
+
+
 def _pair(errors, path, spec, *, te_learner=True):
     learner_name, _, sampler_name = spec.rpartition(":")  # sampler names never contain ":"; `te:<mode>` may
     if te_learner and learner_name.startswith("te:"):  # peers.te_learner.LEARNER_PREFIX
@@ -246,8 +254,15 @@ def _check_profiles(config, errors):
         if isinstance(entry, str):
             parts = entry.split(":")
             entry = {"learner": parts[0], "sampler": parts[1] if len(parts) > 1 else ""}
-        _profile(errors, f"rl.runs[{i}].learner", entry.get("learner"), learner=True)
-        _profile(errors, f"rl.runs[{i}].sampler", entry.get("sampler"))
+        learner, sampler = entry.get("learner"), entry.get("sampler")
+        if isinstance(learner, str) and learner.startswith("te:"):  # real TE (peers.te_learner)
+            _te_mode(errors, f"rl.runs[{i}].learner", learner)
+        else:
+            _profile(errors, f"rl.runs[{i}].learner", learner, learner=True)
+        if isinstance(sampler, str) and sampler.startswith("vllm:"):  # real vLLM (peers.vllm_rollout)
+            _vllm_mode(errors, f"rl.runs[{i}].sampler", sampler)
+        else:
+            _profile(errors, f"rl.runs[{i}].sampler", sampler)
     d = config.get("diagnostics", {})
     for i, pair in enumerate(d.get("pairs", [])):
         _pair(errors, f"diagnostics.pairs[{i}]", pair)

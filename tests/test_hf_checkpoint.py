@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_fixture import tiny_config, write_checkpoint
-from minite_core.model import CausalLM, ModelConfig, load_pretrained, save_pretrained, set_profile
+from minite_core.model import CausalLM, load_pretrained, save_pretrained, set_profile
 from minite_core.profiles import PROFILES
 
 transformers = pytest.importorskip("transformers")

@@ -232,6 +232,18 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
     """Write `path/config.json` (+ quantization_config) and `path/model.safetensors` in the compressed-tensors
     NVFP4 layout. Every quantized Linear needs a calibrated `input_amax` (`minite_core.model.calibrate`).
     `weights`: NVFP4 tensors to write instead of quantizing (e.g. those returned by `load_nvfp4`)."""
+    tensors, hf = nvfp4_checkpoint(model, profile=profile, dtype=dtype, weights=weights)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    write_safetensors(path / WEIGHTS_NAME, tensors, {"format": "pt"})
+    atomic_write_bytes(path / CONFIG_NAME, (json.dumps(hf, indent=2) + "\n").encode())
+    return path
+
+
+def nvfp4_checkpoint(model: CausalLM, *, profile: Profile | str = "vllm-nvfp4", dtype: torch.dtype = torch.bfloat16,
+                     weights: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """What `export_nvfp4` writes, in memory: (checkpoint name -> tensor on the CPU, config.json as a dict). A
+    running vLLM engine takes the same tensors as a weight update (peers/vllm_rollout.py)."""
     profile = get_profile(profile)
     weights = quantize_checkpoint_weights(model, profile) if weights is None else weights
     entries = _hf_entries(model, weights)
@@ -261,13 +273,9 @@ def export_nvfp4(model: CausalLM, path: str | Path, *, profile: Profile | str = 
             _put_experts(tensors, name, p, model.config, dtype)
             continue
         tensors[name] = p.detach().to(dtype).contiguous().cpu()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     hf = model.config.to_hf(dtype=str(dtype).removeprefix("torch."))
     hf["quantization_config"] = quantization_config(ignore)
-    write_safetensors(path / WEIGHTS_NAME, tensors, {"format": "pt"})
-    atomic_write_bytes(path / CONFIG_NAME, (json.dumps(hf, indent=2) + "\n").encode())
-    return path
+    return tensors, hf
 
 
 def _put_experts(tensors, name, p, config: ModelConfig, dtype) -> None:

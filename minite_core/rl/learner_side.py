@@ -90,16 +90,27 @@ class OneProcess:
 
     def resume(self, state_dir: Path, restart: bool, on_change: str = "error", out: Path | None = None):
         run = self.run
-        return resume(state_dir, model=run.sampler.model, optimizer=self.state_opt, config=run.run_cfg,
-                      log_name="metrics.csv", restart=restart, on_change=on_change, run_dir=out, outputs=OUTPUTS,
-                      result="summary.json")
+        state = resume(state_dir, model=run.sampler.model, optimizer=self.state_opt, config=run.run_cfg,
+                       log_name="metrics.csv", restart=restart, on_change=on_change, run_dir=out, outputs=OUTPUTS,
+                       result="summary.json")
+        if state[0]:  # resumed weights: a sampler with its own copy takes them
+            self.push()
+        return state
 
     def save(self, state_dir: Path, step: int, extra: dict) -> None:
         save_state(state_dir, step=step, model=self.run.sampler.model, optimizer=self.state_opt,
                    config=self.run.run_cfg, extra=extra)
 
     def synced(self) -> None:
-        """After an update: the sampler's weights are the learner's (here: the same tensors)."""
+        """After an update: the sampler's weights are the learner's (here: the same tensors; a real vLLM engine
+        holds its own copy and takes a push, peers.vllm_rollout)."""
+        self.push()
+
+    def push(self) -> None:
+        """The model's weights into a sampler that holds its own copy (a vLLM engine); no-op for ours."""
+        push = getattr(self.run.sampler, "push_weights", None)
+        if push is not None:
+            push()
 
     def share(self, metrics: dict) -> dict:
         return metrics

@@ -71,6 +71,7 @@ from minite_core.engines.framework_metrics import framework_metrics
 from minite_core.engines.mismatch import mismatch_metrics
 from minite_core.model import load_pretrained, save_pretrained, use_profile
 from minite_core.nn import track_optimizer
+from minite_core.peers import te_learner, vllm_rollout
 from minite_core.profiles import get_profile
 from minite_core.results import atomic_write_bytes, config_to_dict, write_result
 from minite_core.runs.cli import add_run_args, parse_run_args
@@ -249,9 +250,15 @@ class _GRPO:
 def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, cfg, seed, device,
            sampler_engine) -> _GRPO:
     correction = parse_correction(correction)
-    L, S = get_profile(learner_profile), get_profile(sampler_profile)
-    if not L.can_learn:
+    # real engines (peers): a `te:<mode>` learner (Transformer Engine), a `vllm:<mode>` sampler (vLLM); their
+    # profile here is the one the run calibrates with (TE's host ops; the vLLM export's quantizer)
+    te_mode, vllm_mode = te_learner.learner_mode(learner_profile), vllm_rollout.sampler_mode(sampler_profile)
+    L = te_learner.get_mode(te_mode).host if te_mode else get_profile(learner_profile)
+    S = vllm_rollout.get_mode(vllm_mode).profile if vllm_mode else get_profile(sampler_profile)
+    if te_mode is None and not L.can_learn:
         raise ValueError(f"learner profile {L.name!r} has no backward (grad=None): it is a sampler profile")
+    for require in ([te_learner.require] if te_mode else []) + ([vllm_rollout.require] if vllm_mode else []):
+        require()  # before any work: one line naming what is missing
     model = load_pretrained(pretrained, dtype=torch.float32, device=device)  # names a missing / damaged checkpoint
     tok = load_tokenizer(Path(pretrained))
     train_set, heldout = load_split(data_dir, "train"), load_split(data_dir, "heldout")
@@ -263,16 +270,25 @@ def _setup(pretrained, data_dir, learner_profile, sampler_profile, correction, c
         raise ValueError(f"{data_dir} holds {task.name} problems without reference responses: set rl.max_new_tokens "
                          "(the response budget)")
     calibrate_static(model, (S, L), tok, train_set, cfg.calibration_examples, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    # a TE learner is a copy of the model whose parameters share its storage (dense: the same tensors; experts:
+    # per-expert views): the optimizer steps the copy's parameters, the sampler and checkpoints see the model
+    learner = (te_learner.TELearner(model, te_mode, seed=tagged(seed, "learner"), share_weights=True) if te_mode
+               else Learner(model, L, seed=tagged(seed, "learner")))
+    opt = torch.optim.AdamW(learner.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     track_optimizer(opt, model)  # quantized-weight caches are stale after each step
-    engine = resolve_engine(sampler_engine, device)  # None: fast (CUDA graphs) on the GPU, the reference on CPU
-    run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": L.name, "sampler": S.name,
+    if learner.model is not model:  # the TE copy's own modules (router, LM head) cache theirs
+        track_optimizer(opt, learner.model)
+    # vLLM: its own engine; else the command's execution (None: fast CUDA graphs on the GPU, the reference on CPU)
+    engine = "vllm" if vllm_mode else resolve_engine(sampler_engine, device)
+    learner_name, sampler_name = (learner_profile if te_mode else L.name), (sampler_profile if vllm_mode else S.name)
+    run_cfg = {**config_to_dict(cfg), "seed": seed, "learner": learner_name, "sampler": sampler_name,
                "correction": correction or "none", "sampler_engine": engine, "pretrained": str(pretrained),
                "inputs": fingerprint(pretrained, Path(data_dir) / "train.jsonl", Path(data_dir) / "heldout.jsonl")}
-    sampler = make_sampler(model, S, engine=engine)
-    return _GRPO(cfg, Learner(model, L, seed=tagged(seed, "learner")), sampler, opt, tok, task, train_set,
-                 task.prompt_ids(tok, train_set), heldout_set(heldout, cfg.eval_n), max_new, correction,
-                 run_name(L.name, S.name, correction), run_cfg)
+    sampler = (vllm_rollout.VLLMRollout(model, vllm_mode, tokenizer=tok, seed=seed) if vllm_mode
+               else make_sampler(model, S, engine=engine))
+    return _GRPO(cfg, learner, sampler, opt, tok, task, train_set, task.prompt_ids(tok, train_set),
+                 heldout_set(heldout, cfg.eval_n), max_new, correction,
+                 run_name(learner_name, sampler_name, correction), run_cfg)
 
 
 def train(*, pretrained: str | Path, data_dir: str | Path, out: str | Path, state_dir: str | Path | None = None,
