@@ -51,7 +51,8 @@ from pathlib import Path
 
 import yaml
 
-from minite_core.experiment import pretrain_section, rl_runs, run_options
+from minite_core.experiment import pretrain_section, rl_runs
+from minite_core.rule_args import run_options
 from minite_core.profiles import PROFILES
 from minite_core.results import atomic_write_bytes, config_from_dict, read_result, write_result
 from minite_core.rl.pretrain import PretrainConfig
@@ -174,7 +175,7 @@ def _hash(*parts) -> str:
 
 
 def _run_options(base: dict, seed: int | None = None, compute: bool = True) -> list[str]:
-    """The base experiment's run options (experiment.run_options; schema defaults for keys it leaves out)."""
+    """The base experiment's run options (rule_args.run_options; schema defaults for keys it leaves out)."""
     return run_options({"device": "cpu", "kernels": "auto", "seed": 0, **base}, seed=seed, compute=compute).split()
 
 

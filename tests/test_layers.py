@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report",),
     # the `minite` dispatcher (imports commands by name); the DAG's config checks; the sweep driver (runs whole
     # experiments as `minite` subprocesses); `minite doctor` (reads the kernels' and profiles' availability)
-    ("cli", "experiment", "sweep", "doctor"),
+    ("cli", "experiment", "rule_args", "sweep", "doctor"),
 )
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

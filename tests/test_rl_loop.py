@@ -228,6 +228,7 @@ def test_tensorboard_and_rollout_dump_survive_a_resume(base, tmp_path):
     reads back (diagnostics.layouts) to the k3 the CSV logged for that step."""
     from minite_core.diagnostics.external import measure
     from minite_core.diagnostics.layouts import load
+    from minite_core.runs.state import read_state_file, write_state_file
 
     cfg = dataclasses.replace(RL, steps=3, checkpoint_every=2, rollout_dump_every=2)
     run = tmp_path / "r"
@@ -241,9 +242,9 @@ def test_tensorboard_and_rollout_dump_survive_a_resume(base, tmp_path):
         assert [s for s, _ in _scalars(run, tag)] == [1, 2, 3], tag
     ckpt_2 = tmp_path / "ref"
     _run(base, ckpt_2, cfg=dataclasses.replace(cfg, steps=2))  # the state a kill after step 3 leaves: step 2's
-    ckpt = torch.load(ckpt_2 / "state" / "state.pt", weights_only=False)
+    ckpt = read_state_file(ckpt_2 / "state" / "state.pt")
     ckpt["config"]["steps"] = 3
-    torch.save(ckpt, run / "state" / "state.pt")
+    write_state_file(run / "state" / "state.pt", ckpt)
     _run(base, run, cfg=cfg)
     again = _scalars(run, "train/gen_kl_error")
     assert [s for s, _ in again] == [1, 2, 3] and again == first  # step 3 once, replayed exactly

@@ -21,6 +21,7 @@ from minite_core.model.io import read_safetensors
 from minite_core.model.nvfp4_io import export_nvfp4
 from minite_core.peers import vllm_rollout, vllm_sampler
 from minite_core.task.tokenizer import build_tokenizer
+from minite_core.task.tasks import ArithmeticTask
 from tests import fake_vllm
 
 MODEL = PRESETS["tiny-moe"]
@@ -155,7 +156,7 @@ def test_grpo_runs_with_the_vllm_sampler(fake, tmp_path, monkeypatch):
     from minite_core.rl.pretrain import pretrain
     from minite_core.task import data as data_mod
 
-    monkeypatch.setattr(train_mod, "reward", lambda text, answer, credit=0.0: float("7" in text))
+    monkeypatch.setattr(ArithmeticTask, "reward", lambda self, text, row, credit=0.0: float("7" in text))
     data_mod.main(["--out", str(tmp_path / "data"), "--config-json", json.dumps(DATA)])
     pretrain(TINY, data_dir=tmp_path / "data", out=tmp_path / "pre", state_dir=tmp_path / "ps", seed=0,
              progress=False)
@@ -190,7 +191,7 @@ def test_grpo_te_learner_with_the_vllm_sampler(fake, tmp_path, monkeypatch):
     monkeypatch.setattr(te_learner, "require", lambda: None)
     monkeypatch.setattr(te_learner, "_require_cuda_model", lambda model: None)
     monkeypatch.setattr(te_learner, "_RECIPES", {})
-    monkeypatch.setattr(train_mod, "reward", lambda text, answer, credit=0.0: float("7" in text))
+    monkeypatch.setattr(ArithmeticTask, "reward", lambda self, text, row, credit=0.0: float("7" in text))
     data_mod.main(["--out", str(tmp_path / "data"), "--config-json", json.dumps(DATA)])
     pretrain(TINY, data_dir=tmp_path / "data", out=tmp_path / "pre", state_dir=tmp_path / "ps", seed=0,
              progress=False)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from minite_core.experiment import launcher, schema_errors
+from minite_core.experiment import schema_errors
+from minite_core.rule_args import launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -6,7 +6,7 @@ it decode, how much memory does it take", and shows the mismatch at that depth a
 weights are not a trained policy, so no accuracy is measured).
 
 How: the model is built on the meta device, cast to bf16 there and materialised once on the device, its values
-drawn there from one generator (bench.learner.draw_random_: N(0, 0.02), norms 1). Per profile (`--profiles`, in
+drawn there from one generator (bench.learner_setup.draw_random_: N(0, 0.02), norms 1). Per profile (`--profiles`, in
 order; static-scale profiles calibrated on random tokens first): the fast sampler (CUDA graphs on a GPU) decodes
 `--batch` random prompts of `--prompt-len` tokens for `--new-tokens` tokens with no stop token, timed as
 `minite bench sampler` times it (bench.sampler.time_fast: decode-only tokens/s over `--reps` repetitions after a
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minite_core.bench.learner import draw_random_
+from minite_core.bench.learner_setup import draw_random_
 from minite_core.bench.sampler import SamplerBenchConfig, time_fast
 from minite_core.diagnostics.cli import diagnose, parse_pairs, random_prompts
 from minite_core.engines.fast_sampler import GraphCaptureError

@@ -350,7 +350,7 @@ class FastSampler(Sampler):
             st = self.start(prompts, **{"max_new_tokens": 4, **start_kwargs})
         finally:
             self.graph = graph
-        with torch.no_grad():
+        with torch.no_grad(), use_profile(self.model, self.profile):  # the step as `generate` runs it
             return find_host_syncs(self._step, st)
 
 

@@ -235,7 +235,7 @@ def _pieces_missing(name: str, pieces: set, config: ModelConfig) -> list[str]:
     return [name]
 
 
-def verify_sha256(file: Path, chunk: int = 1 << 24) -> None:
+def verify_sha256(file: Path, chunk: int = 1 << 20) -> None:
     """A file written by `write_safetensors`: its tensor data against the header's sha256, read in chunks (constant
     host memory); other files: nothing to check."""
     try:

@@ -42,10 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
 
 from minite_core.engines.sampler import Rollout, check_generate_args
-from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, to_hf_state_dict
+from minite_core.model.io import CONFIG_NAME, WEIGHTS_NAME, to_hf_state_dict, write_safetensors
 from minite_core.model.nvfp4_io import nvfp4_checkpoint
 from minite_core.model.routing import moe_layers
 from minite_core.profiles import PROFILES, Profile
@@ -120,7 +119,7 @@ def export(model, mode: str | VLLMMode, path: str | Path, tokenizer=None) -> Pat
     tensors, hf = checkpoint_tensors(model, mode)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    write_safetensors(path / WEIGHTS_NAME, tensors, {"format": "pt"})
     atomic_write_bytes(path / CONFIG_NAME, (json.dumps(hf, indent=2) + "\n").encode())
     if tokenizer is not None:
         save_tokenizer(tokenizer, path)

@@ -69,7 +69,7 @@ def _base(row: dict) -> str:
 
 def rl_base_params(results: Path) -> int | None:
     """The RL base model's parameter count (pretrain/pretrain.json), None when it was not trained here."""
-    res = load(results / "pretrain" / "pretrain.json")
+    res = load(results / "pretrain" / "pretrain.json", "pretrain")
     return None if res is None else res["metrics"].get("num_parameters")
 
 

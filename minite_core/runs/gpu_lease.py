@@ -2,7 +2,7 @@
 
 Snakemake's local executor counts GPU slots (`--resources gpu=<gpu_slots>`) but does not say which GPU a job
 should use, so every job would start on GPU 0. With `gpus: G` in the experiment config the DAG passes
-`--gpu-lease Gx<gpu_slots / G>` to every command that computes (experiment.run_options), and the command leases a
+`--gpu-lease Gx<gpu_slots / G>` to every command that computes (rule_args.run_options), and the command leases a
 slot before CUDA starts:
 - a slot is a lock file, `<lock dir>/gpu<g>.slot<s>`, taken with flock(LOCK_EX | LOCK_NB); slot s of every GPU is
   tried before slot s + 1 of any, so jobs spread over the GPUs before they share one;

@@ -1,10 +1,10 @@
 # Shared by the rules: how each of them passes its config to its command, the same way everywhere:
 #   params: run=RUN (--experiment --seed --device --kernels), config=<the stage's config section as JSON>
 #   shell:  minite <command> <inputs/outputs> {params.run} --config-json {params.config:q} > {log} 2>&1
-# (minite_core/experiment.py builds both; minite_core/runs/cli.py reads them.)
-# Every rule also takes its params stamp as an input (`params=stamp(RESULTS, <rule>, <values>)`:
-# results/<exp>/params/<rule>.json, rewritten only when the values change), so a changed parameter or input path
-# reruns the rule and what it feeds by modification time, provenance records or not (experiment.py: `stamp`).
+# (minite_core/rule_args.py builds both; minite_core/runs/cli.py reads them.)
+# Each rule's inputs include its params stamp, `params=stamp(RESULTS, <name>, <values>)`, the file
+# results/<exp>/params/<name>.json rewritten only when the values change; so a changed parameter or input path
+# reruns that step and what it feeds by modification time, provenance records or not (rule_args.py, `stamp`).
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -13,21 +13,23 @@ from minite_core.experiment import (
     data_files,
     external_args,
     external_pairs,
+    kernel_check_config,
+    pretrain_section,
+    rl_runs,
+    scale_run_dir,
+    scale_sizes,
+    your_model,
+)
+from minite_core.rule_args import (
     gpu_slots,
     input_path,
-    kernel_check_config,
     launcher,
     learner_gpu_slots,
     report_extras,
-    pretrain_section,
-    rl_runs,
     run_options,
-    scale_run_dir,
-    scale_sizes,
     section_json,
     slurm_gres,
     stamp,
-    your_model,
 )
 
 ENV = "../../environment.yml"  # every rule runs in the project's one environment (conda is optional)

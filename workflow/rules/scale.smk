@@ -19,7 +19,10 @@ rule scale_pretrain:
         kernels=rules.kernels_check.output.json,
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,
-        tokenizer=rules.data.output.tokenizer,
+        tokenizer=DATA_TOKENIZER,
+        params=lambda wildcards: stamp(
+            RESULTS, f"scale_pretrain.{wildcards.size}", RUN, pretrain_section(config, wildcards.size)
+        ),
     output:
         checkpoint=directory(f"{RESULTS}/scale/{{size}}/model"),
         json=f"{RESULTS}/scale/{{size}}/pretrain.json",
@@ -42,7 +45,7 @@ rule scale_pretrain:
         config=lambda wildcards: json.dumps(pretrain_section(config, wildcards.size)),
     shell:
         "minite pretrain --data {params.data} --out {params.out} --state {params.out}/state --threads {threads} "
-        "--no-progress {params.run} --config-json {params.config:q} > {log} 2>&1"
+        "--no-progress --restart-if-changed {params.run} --config-json {params.config:q} > {log} 2>&1"
 
 
 rule scale_measure:
@@ -51,6 +54,7 @@ rule scale_measure:
         pretrain=lambda wildcards: f"{scale_run_dir(config, RESULTS, wildcards.size)}/pretrain.json",
         train=rules.data.output.train,
         heldout=rules.data.output.heldout,
+        params=stamp(RESULTS, "scale_measure", RUN, section_json(config, "scale", drop=("sizes",))),
     output:
         json=f"{RESULTS}/scale/{{size}}.json",
     log:
