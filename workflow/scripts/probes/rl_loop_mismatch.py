@@ -1,5 +1,11 @@
-"""RL-loop mismatch on CPU: sampler (engine) vs learner old log-probs, per profile, before and after AdamW steps."""
-import os, sys, time, json
+"""Measures the RL-loop mismatch: sampler vs learner old log-probs per profile, before and after AdamW steps.
+
+Run from the repository root (PYTHONPATH=$PWD; CPU, or a GPU with ENGINE fast):
+    python workflow/scripts/probes/rl_loop_mismatch.py CHECKPOINT DATA ENGINE PROFILE B G MAX_NEW STEPS
+e.g. `... /tmp/onpolicy/model results/smoke/data reference minite 2 2 80 2` (ENGINE: reference | fast | fast-eager).
+Prints, each step, k3, max |Δ| and whether the two engines' log-probs are bitwise equal; then one AdamW step, so
+the next step runs on changed weights. The findings: results/notes/rl_minite_k3.md."""
+import sys, time
 import torch
 from minite_core.engines import Learner, make_sampler
 from minite_core.engines.mismatch import mismatch_metrics

@@ -1,5 +1,8 @@
-"""Host cost of one launch: torch ops, our Triton launchers, and a bare Triton launch (tiny tensors, no sync
-inside the loop; medians of 5 x 500 calls). Usage: python launch_cost.py OUT.json"""
+"""Measures the host cost of one launch: torch ops, our Triton launchers and a bare Triton launch.
+
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/launch_cost.py OUT.json
+Tiny tensors, no sync inside the loop; medians of 5 x 500 calls, microseconds a call (bench/NOTES.md, row 21)."""
 import json
 import statistics
 import sys

@@ -1,12 +1,12 @@
-"""Launch census of one learner step: torch ops and Triton launches per minite_core call site, and host time.
+"""Counts the torch ops and Triton launches of one learner step per minite_core call site, with its host time.
 
-Usage: python census.py '<bench learner config JSON>' OUT.json
-For each profile: 2 warm-up steps; one step under a TorchDispatchMode that counts the aten ops that do work
-(views and allocations left out) by the innermost minite_core frame that issued them, with Triton launches
-(JITFunction.run) counted the same way; then 3 steps timed twice: enqueue time (host returns, before the device
-sync) and the step (to the sync), with the allocator's retries and Python's GC time in them. CENSUS_GC=off turns
-automatic GC off for the run.
-"""
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/learner_launch_census.py CONFIG OUT.json   (CENSUS_GC=off: automatic GC off)
+CONFIG as in moe_rows_ab.py. For each profile: 2 warm-up steps; one step under a TorchDispatchMode that counts the
+aten ops that do work (views and allocations left out) by the innermost minite_core frame that issued them, with
+Triton launches (JITFunction.run) counted the same way; then 3 steps timed twice: enqueue time (host returns,
+before the device sync) and the step (to the sync), with the allocator's retries and Python's GC time in them.
+A run's outputs: results/h200/extra/session10/census-*.json."""
 import collections
 import json
 import sys
@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minite_core.bench.learner import _set_step_seed, build, learner_step, resolve_config
+import minite_core
+from minite_core.bench.learner_setup import build, learner_step, resolve_config, set_step_seed
 from minite_core.model import set_profile
 
-PKG = str(Path(__file__).resolve().parents[4] / "minite_core")
+PKG = str(Path(minite_core.__file__).resolve().parent)
 FREE = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "as_strided", "detach", "alias", "unsqueeze",
         "squeeze", "slice", "select", "empty", "empty_like", "empty_strided", "new_empty", "lift_fresh",
         "_reshape_alias", "split", "split_with_sizes", "unbind", "chunk", "set_", "view_as", "reshape",
@@ -85,7 +86,7 @@ def main():
     for name in cfg.profiles:
         set_profile(model, name)
         for s in range(2):
-            _set_step_seed(model, s)
+            set_step_seed(model, s)
             learner_step(model, opt, x, y)
         sync()
         counting = True

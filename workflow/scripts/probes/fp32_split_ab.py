@@ -1,22 +1,22 @@
-"""A/B in one process: the fp32 LM head / router as grouped split GEMMs (nn/fp32_split.py after this session)
-against one GEMM a term, the form before it (99ba172: 3 GEMMs forward, 6 dgrad, 3 wgrad, an fp32 add after each
-term but the first, and split3 as 7 torch launches). Learner steps alternate between the two. "before" is put
-back by monkeypatching `nn.linear.fp32_split_linear`.
-Usage: python ab_split.py '<bench learner config JSON>' OUT.json ROUNDS
-       python ab_split.py head OUT.json: the head alone (forward + backward, CUDA events, alternating, 10 each) at
-       the node rank's LM head, the 6-layer bench's, and a router's shape"""
+"""Measures the fp32 LM head / router as grouped split GEMMs (nn/fp32_split.py) against one GEMM a term, A/B.
+
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/fp32_split_ab.py CONFIG OUT.json ROUNDS   learner steps, alternating
+    python workflow/scripts/probes/fp32_split_ab.py head OUT.json             the head alone
+CONFIG as in moe_rows_ab.py. "before" is the form at 99ba172 (3 GEMMs forward, 6 dgrad, 3 wgrad, an fp32 add after
+each term but the first, split3 as 7 torch launches), put back by monkeypatching `nn.linear.fp32_split_linear`.
+`head` times forward + backward alone (CUDA events, alternating, 10 each) at the node rank's LM head, the 6-layer
+bench's and a router's shape. A run's outputs: results/h200/extra/session11/ab_split-*.json."""
 import importlib
 import json
 import statistics
 import sys
-import time
 
 import torch
 
-from minite_core.bench.learner import _set_step_seed, build, learner_step, resolve_config
 from minite_core.formats.bf16x3 import split3
-from minite_core.model import set_profile
 from minite_core.nn.fp32_split import mm_split
+from moe_rows_ab import patcher, steps
 
 linear = importlib.import_module("minite_core.nn.linear")  # the module (minite_core.nn.linear is also a function)
 NEW = linear.fp32_split_linear
@@ -79,30 +79,7 @@ def head(path):
 def main():
     if sys.argv[1] == "head":
         return head(sys.argv[2])
-    cfg = resolve_config(sys.argv[1], torch.device("cuda"))
-    rounds = int(sys.argv[3])
-    model, opt, x, y = build(cfg, torch.device("cuda"))
-    out = {"config": sys.argv[1], "rounds": rounds, "ms": {}}
-    for name in cfg.profiles:
-        set_profile(model, name)
-        times = {"before": [], "after": []}
-        for r in range(rounds + 1):
-            for which in ("before", "after") if r % 2 else ("after", "before"):
-                linear.fp32_split_linear = before if which == "before" else NEW
-                _set_step_seed(model, r)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                learner_step(model, opt, x, y)
-                torch.cuda.synchronize()
-                if r:  # round 0 warms both up
-                    times[which].append(1e3 * (time.perf_counter() - t0))
-        out["ms"][name] = {k: [round(t, 1) for t in v] for k, v in times.items()}
-        med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{name}: before {med['before']:.1f} ms, after {med['after']:.1f} ms "
-              f"({med['before'] / med['after']:.3f}x)", flush=True)
-    linear.fp32_split_linear = NEW
-    out["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
-    json.dump(out, open(sys.argv[2], "w"), indent=1)
+    steps(sys.argv[1], sys.argv[2], int(sys.argv[3]), patcher(linear, fp32_split_linear=before))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
-"""How much does 1-ulp bf16 noise in the attention output (what flash vs masked SDPA kernels differ by on a GPU)
-move the learner's log-probs of sampled RL tokens, per profile? CPU, reference kernels."""
+"""Measures how far 1-ulp bf16 noise in attention moves the learner's log-probs of sampled tokens, per profile.
+
+The noise stands for what flash and masked SDPA kernels differ by on a GPU; CPU, reference kernels.
+Run from the repository root (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/attention_noise_sensitivity.py CHECKPOINT DATA FRAC [attn|proj]
+FRAC: the fraction of elements nudged by +-1 ulp; `proj` puts the noise on the q/k/v/o GEMM outputs instead of the
+attention output. The findings: results/notes/rl_minite_k3.md."""
 import sys
 import torch
 import torch.nn.functional as F

@@ -1,10 +1,17 @@
-"""A/B in one process: the MoE row kernels (kernels/moe_rows.py, this session) against the torch ops they replace
-(nn.moe_layout's `permute_reference` / `combine_reference`, the code before). "before" is put back by
-monkeypatching `dispatch.moe_permute` / `dispatch.moe_combine` to call the reference.
-Usage: python ab_rows.py '<bench learner config JSON>' OUT.json ROUNDS   learner steps, alternating
-       python ab_rows.py ops OUT.json   the ops alone (forward + backward, CUDA events, alternating, 10 each) at
-       one node rank's MoE shape and the 6-layer bench's, with bytes moved over time against a copy's bandwidth
-       measured in the same run"""
+"""Measures the MoE row kernels (kernels/moe_rows.py) against the torch ops they replace, A/B in one process.
+
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/moe_rows_ab.py CONFIG OUT.json ROUNDS   learner steps, before/after alternating
+    python workflow/scripts/probes/moe_rows_ab.py ops OUT.json             the ops alone
+CONFIG is a `minite bench learner --config` value: `h200`, or inline JSON such as
+'{"base": "h200", "warmup": 0, "profiles": ["minite", "bf16"]}' (the 6-layer bench) or
+'{"base": "h200", "layers": 48, "vocab_size": 151936, "batch": 1, "seq": 4096, "warmup": 0,
+"model_overrides": {"num_experts": 16}}' (one rank of the 8-GPU node).
+"before" is nn.moe_layout's `permute_reference` / `combine_reference`, put back by monkeypatching
+`dispatch.moe_permute` / `dispatch.moe_combine`. `ops` times permute and combine alone (forward + backward, CUDA
+events, alternating, 10 each) at one node rank's MoE shape and the 6-layer bench's, as bytes moved over time against
+a copy's bandwidth measured in the same run. `steps` is shared with rmsnorm_ab.py and swiglu_ab.py.
+A run's outputs: results/h200/extra/session12/ab_rows-*.json."""
 import json
 import statistics
 import sys
@@ -12,20 +19,27 @@ import time
 
 import torch
 
-from minite_core.bench.learner import _set_step_seed, build, learner_step, resolve_config
+from minite_core.bench.learner_setup import build, learner_step, resolve_config, set_step_seed
 from minite_core.kernels import dispatch
 from minite_core.model import set_profile
 from minite_core.nn.moe_layout import combine, moe_layout_reference, permute
 
-NEW = dispatch.moe_permute, dispatch.moe_combine
 
 
-def use(which):
-    if which == "after":
-        dispatch.moe_permute, dispatch.moe_combine = NEW
-    else:
-        dispatch.moe_permute = lambda x, layout, *, reference, backend=None: reference(x, layout)
-        dispatch.moe_combine = lambda y, w, layout, *, reference, backend=None: reference(y, w, layout)
+def patcher(module, **before):
+    """-> use(which): sets `module`'s attributes to `before` (name -> stand-in) for "before", to the values they
+    have now for "after" (every A/B probe of this folder swaps its code this way)."""
+    after = {name: getattr(module, name) for name in before}
+
+    def use(which):
+        for name, fn in (before if which == "before" else after).items():
+            setattr(module, name, fn)
+    return use
+
+
+use = patcher(dispatch,
+              moe_permute=lambda x, layout, *, reference, backend=None: reference(x, layout),
+              moe_combine=lambda y, w, layout, *, reference, backend=None: reference(y, w, layout))
 
 
 def timed(fn):
@@ -89,7 +103,7 @@ def steps(spec, path, rounds, use):
         for r in range(rounds + 1):
             for which in ("before", "after") if r % 2 else ("after", "before"):
                 use(which)
-                _set_step_seed(model, r)
+                set_step_seed(model, r)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 learner_step(model, opt, x, y)

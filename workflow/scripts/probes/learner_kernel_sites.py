@@ -1,35 +1,34 @@
-"""Device time of one learner step by the minite_core line that issued it.
+"""Measures the device time of one learner step by the minite_core source line that issued each kernel.
 
-Usage: python kernel_sites.py '<bench learner config JSON>' OUT.json
-For each profile of the config: 2 warm-up steps, then one step under torch.profiler, with every aten op and
-Triton launch wrapped in a `record_function` named by its innermost minite_core frame (a TorchDispatchMode and a
-patched JITFunction.run, as census.py; the profiler's own Python tracer left the ops parentless on the H200's
-torch 2.11). Device time is charged to the nearest such range ("autograd" for derivative formulas that autograd's
-engine runs with no minite_core frame on the stack; ops the mode did not see are named by their autograd
-node). On CPU (a dry run of the script) it charges CPU time.
-"""
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/learner_kernel_sites.py CONFIG OUT.json
+CONFIG as in moe_rows_ab.py. For each profile: 2 warm-up steps, then one step under torch.profiler, with every aten
+op and Triton launch wrapped in a `record_function` named by its innermost minite_core frame (a TorchDispatchMode
+and a patched JITFunction.run, as learner_launch_census.py; the profiler's own Python tracer left the ops parentless
+on torch 2.11). Device time is charged to the nearest such range ("autograd" for derivative formulas that
+autograd's engine runs with no minite_core frame on the stack; ops the mode did not see are named by their
+autograd node). On CPU (a dry run of the script) it charges CPU time.
+A run's outputs: results/h200/extra/session11/kernel-sites-*.json, results/h200/extra/session12/kernel-sites-L6.json."""
 import collections
 import json
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minite_core.bench.learner import _set_step_seed, build, learner_step, resolve_config
+from learner_launch_census import caller as census_caller
+from minite_core.bench.learner_setup import build, learner_step, resolve_config, set_step_seed
 from minite_core.model import set_profile
 
-PKG = str(Path(__file__).resolve().parents[4] / "minite_core")
 TAG = "@site "
 
 
 def caller() -> str:
-    for fr in reversed(traceback.extract_stack()):
-        if fr.filename.startswith(PKG):
-            return f"{Path(fr.filename).relative_to(PKG)}:{fr.lineno} {fr.name}"
-    return "autograd"
+    """The innermost minite_core frame on the stack; none: a derivative formula autograd's engine runs."""
+    site = census_caller()
+    return "autograd" if site == "outside minite_core" else site
 
 
 class Sites(TorchDispatchMode):
@@ -70,7 +69,7 @@ def main():
     for name in cfg.profiles:
         set_profile(model, name)
         for s in range(2):
-            _set_step_seed(model, s)
+            set_step_seed(model, s)
             learner_step(model, opt, x, y)
         if dev.type == "cuda":
             torch.cuda.synchronize()

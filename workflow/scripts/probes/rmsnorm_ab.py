@@ -1,28 +1,23 @@
-"""A/B in one process: the learner's RMSNorm on the fast path (kernels/rmsnorm_grad.py: torch's mean, one-launch
-tail, one-launch backward) against autograd through the torch ops it replaces (`RMSNorm.autograd_reference`: with
-the recompute knob, the NVFP4 learners' second forward in backward). "before" is put back by monkeypatching
-`dispatch.rms_norm_fused` to call the reference.
-Usage: python ab_norm.py '<bench learner config JSON>' OUT.json ROUNDS   learner steps, alternating (ab_rows.steps)
-       python ab_norm.py ops OUT.json   one norm alone, forward + backward (CUDA events, alternating, 10 each), at a
-       layer norm's and a head norm's shape of the 6-layer bench, under both recompute settings"""
+"""Measures the learner's RMSNorm fast path (kernels/rmsnorm_grad.py) against autograd through torch's ops, A/B.
+
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/rmsnorm_ab.py CONFIG OUT.json ROUNDS   learner steps, alternating
+    python workflow/scripts/probes/rmsnorm_ab.py ops OUT.json             one norm alone
+CONFIG as in moe_rows_ab.py. "before" is `RMSNorm.autograd_reference` (with the recompute knob, the NVFP4 learners'
+second forward in backward), put back by monkeypatching `dispatch.rms_norm_fused`. `ops` times one norm, forward +
+backward (CUDA events, alternating, 10 each), at a layer norm's and a head norm's shape of the 6-layer bench, under
+both recompute settings. A run's outputs: results/h200/extra/session12/ab_norm-*.json."""
 import json
 import statistics
 import sys
 
 import torch
 
-from ab_rows import steps, timed
+from moe_rows_ab import patcher, steps, timed
 from minite_core.kernels import dispatch
 from minite_core.model.qwen3_moe import RMSNorm
 
-NEW = dispatch.rms_norm_fused
-
-
-def use(which):
-    if which == "after":
-        dispatch.rms_norm_fused = NEW
-    else:
-        dispatch.rms_norm_fused = lambda x, w, eps, r, *, reference, backend=None: reference(x, w, r)
+use = patcher(dispatch, rms_norm_fused=lambda x, w, eps, r, *, reference, backend=None: reference(x, w, r))
 
 
 def ops(path):

@@ -1,7 +1,16 @@
-import sys, importlib, torch
-sys.path.insert(0, "results/h200/extra/session11")
-import ab_split as A
-from torch.profiler import profile, ProfilerActivity
+"""Lists the CUDA kernels of one fp32-split GEMM forward + backward, both forms of fp32_split_ab.py.
+
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/fp32_split_router_kernels.py N    (N output columns; 128 = a router)
+Prints the device time of every kernel under torch.profiler, "before" and "after", at M = 4096, K = 2048.
+A run's output: results/h200/extra/session11/prof-router-e0dd94a.log."""
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import fp32_split_ab as A  # beside this file: the script's folder is on sys.path when run as a script
+
 m, k, n = 4096, 2048, int(sys.argv[1])
 x = torch.randn(m, k, device="cuda").bfloat16().requires_grad_(True)
 w = (torch.randn(n, k, device="cuda") * 0.02).requires_grad_(True)

@@ -1,5 +1,8 @@
-"""Where the host time of one learner step goes: cProfile of one step (after 2 warm-up steps) per profile.
-Usage: python host_profile.py '<bench learner config JSON>' OUT_PREFIX  -> OUT_PREFIX-<profile>.txt"""
+"""Profiles where the host time of one learner step goes: cProfile of one step (after 2 warm-up steps) per profile.
+
+Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
+    python workflow/scripts/probes/learner_host_profile.py CONFIG OUT_PREFIX   -> OUT_PREFIX-<profile>.txt
+CONFIG as in moe_rows_ab.py. A run's outputs: results/h200/extra/session10/host-L8-*.txt."""
 import cProfile
 import io
 import pstats
@@ -7,7 +10,7 @@ import sys
 
 import torch
 
-from minite_core.bench.learner import _set_step_seed, build, learner_step, resolve_config
+from minite_core.bench.learner_setup import build, learner_step, resolve_config, set_step_seed
 from minite_core.model import set_profile
 
 cfg = resolve_config(sys.argv[1], torch.device("cuda"))
@@ -15,7 +18,7 @@ model, opt, x, y = build(cfg, torch.device("cuda"))
 for name in cfg.profiles:
     set_profile(model, name)
     for s in range(2):
-        _set_step_seed(model, s)
+        set_step_seed(model, s)
         learner_step(model, opt, x, y)
     torch.cuda.synchronize()
     pr = cProfile.Profile()
