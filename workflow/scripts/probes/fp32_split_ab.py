@@ -6,7 +6,7 @@ Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
 CONFIG as in moe_rows_ab.py. "before" is the form at 99ba172 (3 GEMMs forward, 6 dgrad, 3 wgrad, an fp32 add after
 each term but the first, split3 as 7 torch launches), put back by monkeypatching `nn.linear.fp32_split_linear`.
 `head` times forward + backward alone (CUDA events, alternating, 10 each) at the node rank's LM head, the 6-layer
-bench's and a router's shape. A run's outputs: results/h200/extra/session11/ab_split-*.json."""
+bench's and a router's shape. A run's outputs: results/h200/extra/fp32-head/ab_split-*.json."""
 import importlib
 import json
 import statistics

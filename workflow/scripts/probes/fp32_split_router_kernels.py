@@ -3,7 +3,7 @@
 Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
     python workflow/scripts/probes/fp32_split_router_kernels.py N    (N output columns; 128 = a router)
 Prints the device time of every kernel under torch.profiler, "before" and "after", at M = 4096, K = 2048.
-A run's output: results/h200/extra/session11/prof-router-e0dd94a.log."""
+A run's output: results/h200/extra/fp32-head/prof-router-e0dd94a.log."""
 import sys
 
 import torch

@@ -4,7 +4,7 @@ Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
     python workflow/scripts/probes/host_overhead_ab.py CONFIG OUT.json ROUNDS
 CONFIG as in moe_rows_ab.py (with "profiles": ["minite", "te-nvfp4"]). "before" puts back, by monkeypatching, the
 torch spelling of S_dec (~10 launches a call instead of `decode_scale`'s one) and a backend selection that asks the
-CUDA driver on every call. A run's output: results/h200/extra/session10/ab_host-L48.json."""
+CUDA driver on every call. A run's output: results/h200/extra/node-rank-host-time/ab_host-L48.json."""
 import sys
 
 import torch

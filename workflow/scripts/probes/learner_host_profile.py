@@ -2,7 +2,7 @@
 
 Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
     python workflow/scripts/probes/learner_host_profile.py CONFIG OUT_PREFIX   -> OUT_PREFIX-<profile>.txt
-CONFIG as in moe_rows_ab.py. A run's outputs: results/h200/extra/session10/host-L8-*.txt."""
+CONFIG as in moe_rows_ab.py. A run's outputs: results/h200/extra/node-rank-host-time/host-L8-*.txt."""
 import cProfile
 import io
 import pstats

@@ -8,7 +8,7 @@ and a patched JITFunction.run, as learner_launch_census.py; the profiler's own P
 on torch 2.11). Device time is charged to the nearest such range ("autograd" for derivative formulas that
 autograd's engine runs with no minite_core frame on the stack; ops the mode did not see are named by their
 autograd node). On CPU (a dry run of the script) it charges CPU time.
-A run's outputs: results/h200/extra/session11/kernel-sites-*.json, results/h200/extra/session12/kernel-sites-L6.json."""
+A run's outputs: results/h200/extra/fp32-head/kernel-sites-*.json, results/h200/extra/moe-rows-rmsnorm-swiglu/kernel-sites-L6.json."""
 import collections
 import json
 import sys

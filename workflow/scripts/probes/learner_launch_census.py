@@ -6,7 +6,7 @@ CONFIG as in moe_rows_ab.py. For each profile: 2 warm-up steps; one step under a
 aten ops that do work (views and allocations left out) by the innermost minite_core frame that issued them, with
 Triton launches (JITFunction.run) counted the same way; then 3 steps timed twice: enqueue time (host returns,
 before the device sync) and the step (to the sync), with the allocator's retries and Python's GC time in them.
-A run's outputs: results/h200/extra/session10/census-*.json."""
+A run's outputs: results/h200/extra/node-rank-host-time/census-*.json."""
 import collections
 import json
 import sys

@@ -11,7 +11,7 @@ CONFIG is a `minite bench learner --config` value: `h200`, or inline JSON such a
 `dispatch.moe_permute` / `dispatch.moe_combine`. `ops` times permute and combine alone (forward + backward, CUDA
 events, alternating, 10 each) at one node rank's MoE shape and the 6-layer bench's, as bytes moved over time against
 a copy's bandwidth measured in the same run. `steps` is shared with rmsnorm_ab.py and swiglu_ab.py.
-A run's outputs: results/h200/extra/session12/ab_rows-*.json."""
+A run's outputs: results/h200/extra/moe-rows-rmsnorm-swiglu/ab_rows-*.json."""
 import json
 import statistics
 import sys

@@ -6,7 +6,7 @@ Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
 CONFIG as in moe_rows_ab.py. "before" is `RMSNorm.autograd_reference` (with the recompute knob, the NVFP4 learners'
 second forward in backward), put back by monkeypatching `dispatch.rms_norm_fused`. `ops` times one norm, forward +
 backward (CUDA events, alternating, 10 each), at a layer norm's and a head norm's shape of the 6-layer bench, under
-both recompute settings. A run's outputs: results/h200/extra/session12/ab_norm-*.json."""
+both recompute settings. A run's outputs: results/h200/extra/moe-rows-rmsnorm-swiglu/ab_norm-*.json."""
 import json
 import statistics
 import sys

@@ -4,7 +4,7 @@ Run from the repository root on a CUDA machine (PYTHONPATH=$PWD):
     python workflow/scripts/probes/swiglu_ab.py CONFIG OUT.json ROUNDS   learner steps, alternating
 CONFIG as in moe_rows_ab.py. "before" is `silu_mul_reference` / `swiglu_reference` (with the NVFP4 learners'
 recompute knob), put back by monkeypatching `dispatch.silu_mul` / `dispatch.swiglu`.
-A run's output: results/h200/extra/session12/ab_swiglu-L6.json."""
+A run's output: results/h200/extra/moe-rows-rmsnorm-swiglu/ab_swiglu-L6.json."""
 import sys
 
 from moe_rows_ab import patcher, steps
