@@ -42,7 +42,7 @@ def _leaves(*ts, device="cpu"):
 
 def _check(device, shape, y_dtype, w_dtype):
     """The references run on the CPU, where torch sums over k in rank order. torch's CUDA reduction does not
-    (on the H200 its (N, k, D).sum(1) differed from the rank-order sum: results/h200/extra/session12), so the
+    (on the H200 its (N, k, D).sum(1) differed from the rank-order sum: results/h200/extra/moe-rows-rmsnorm-swiglu), so the
     kernels are held to the CPU's bits."""
     top_idx, layout, x, y_pad, top_w, grad = _case(**shape, y_dtype=y_dtype, w_dtype=w_dtype)
     lay = moe_layout_reference(top_idx.to(device), shape["experts"])  # the same layout, on the kernels' device
