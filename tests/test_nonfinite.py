@@ -120,7 +120,7 @@ def _step(model, profile, *, x_hook=None, grad_hook=None):
 
 @pytest.mark.parametrize("profile", ["minite", "te-nvfp4"])
 def test_a_learner_step_stops_naming_the_layer(profile):
-    model = CausalLM(PRESETS["tiny-dense"]).init_weights(0)
+    model = CausalLM(PRESETS["tiny-dense"]).init_weights(0).to(DEV)  # the auto backend follows the device
     _step(model, profile)  # finite: no error
     o_proj, down = model.model.layers[0].self_attn.o_proj, model.model.layers[1].mlp.down_proj
     with pytest.raises(NonFinite, match=r"test step: non-finite activation \(inf/NaN\) at "
