@@ -153,6 +153,45 @@ def test_nvfp4_learner_needs_16_rows_per_rank(base, tmp_path, one_thread):
         _two_ranks(kw)
 
 
+def _one_inf(module, args):
+    """A forward-pre hook: the input with one element +inf (a clone: the graph below stays, as every rank's must)."""
+    t = args[0].clone()
+    t.view(-1)[0] = float("inf")
+    return (t,)
+
+
+def _poisoned_worker(rank, world, port, kw):
+    """_worker, with rank 1's update forwards fed +inf into layer 0's o_proj (the other rank's are finite)."""
+    from minite_core.engines.learner import Learner
+
+    if rank == 1:
+        logprobs = Learner.logprobs
+
+        def poisoned(self, *args, **kwargs):
+            if not kwargs.get("grad"):
+                return logprobs(self, *args, **kwargs)
+            o_proj = self.model.model.layers[0].self_attn.o_proj
+            hook = o_proj.register_forward_pre_hook(_one_inf)
+            try:
+                return logprobs(self, *args, **kwargs)
+            finally:
+                hook.remove()
+        Learner.logprobs = poisoned
+    _worker(rank, world, port, kw)
+
+
+def test_a_non_finite_operand_on_one_rank_stops_every_rank_naming_the_layer(base, tmp_path, one_thread):
+    """Rank 1 alone is fed inf: every rank stops before the optimizer step, naming a layer and the ranks that saw
+    non-finite values (rank 1, and rank 0 too where expert parallelism carried rank 1's tokens to its experts),
+    instead of an all-reduced NaN norm that names nothing."""
+    kw = _kw(base, tmp_path / "r", "minite")
+    with pytest.raises(mp.ProcessRaisedException, match=r"rl step 1, mini-batch 0: non-finite .*\(inf/NaN\) at "
+                                                        r"model\.layers\.[01]\..*ranks that saw non-finite values: "
+                                                        r"\[(0, )?1\]"):
+        mp.spawn(_poisoned_worker, args=(WORLD, _free_port(), kw), nprocs=WORLD, join=True)
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
 def _torchrun_cli_equals_one_process(base, tmp_path, pair, nproc, device):
     """`torchrun --standalone --nproc-per-node <nproc> -m minite_core.cli rl` (init_from_env, the real reward)
     against the one-process CLI on the same device: one step's rollout and mismatch columns bit for bit."""

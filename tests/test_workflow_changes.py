@@ -59,6 +59,8 @@ def _config(proj: Path, name: str, **changes) -> Path:
 
 @pytest.mark.slow
 def test_a_changed_input_reruns_what_it_feeds_without_provenance(tmp_path):
+    if not (ROOT / "results" / "smoke" / "report.md").is_file():
+        pytest.skip("needs the committed results/smoke/ (restore it: git checkout -- results/smoke)")
     proj = _project(tmp_path)
     res = _snakemake(proj, "--touch", "--cores", "1")  # the committed outputs, up to date in DAG order
     assert res.returncode == 0, res.stderr[-3000:]
@@ -71,7 +73,7 @@ def test_a_changed_input_reruns_what_it_feeds_without_provenance(tmp_path):
     (proj / "ckpt").mkdir()
     cases = {  # an input path the config names; a parameter (not the kernels check: another lr runs no new kernel)
         "checkpoint": (dict(diagnostics__checkpoint=str(proj / "ckpt")), {"diagnostics", "report", "all"}),
-        "lr": (dict(rl__lr=3e-4), {"rl", "rl_figures", "eval_checkpoint", "report", "all"}),
+        "lr": (dict(rl__lr=3e-4), {"rl", "rl_figures", "eval_checkpoint", "diagnostics_external", "report", "all"}),
     }
     for name, (changes, expected) in cases.items():
         assert _planned(proj, _config(proj, name, **changes)) == expected, name

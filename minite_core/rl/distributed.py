@@ -51,6 +51,7 @@ from minite_core.engines import distributed as D
 from minite_core.engines import expert_parallel as EP
 from minite_core.engines.learner import Learner
 from minite_core.nn import track_optimizer
+from minite_core.nn.nonfinite import NonFinite, Watch
 from minite_core.nn.operands import clear_weight_caches
 from minite_core.nn.shard import TokenShard, token_shard
 from minite_core.rl.grpo import policy_loss, rollout_correction
@@ -220,6 +221,24 @@ class DataParallelSide(OneProcess):
                 out.append(tuple(self._gather(t, T) for t in parts))
         return out
 
+    def _check(self, watch: Watch, where: str) -> None:
+        """`Watch.check` on every rank at once: a non-finite operand on any rank stops all of them before the
+        optimizer step, each raising the lowest bad rank's message (the layer it saw) and the list of bad ranks
+        (expert parallelism carries one rank's non-finite tokens into the others' experts)."""
+        try:
+            watch.check(where)
+            seen = None
+        except NonFinite as e:
+            seen = str(e)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([seen is not None], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one small collective a mini-batch, beside the norm's
+        if flag.item():
+            seen_by = [None] * self.dp.world
+            dist.all_gather_object(seen_by, seen)
+            bad = [r for r, m in enumerate(seen_by) if m is not None]
+            raise NonFinite(f"{seen_by[bad[0]]} (rank {bad[0]}; ranks that saw non-finite values: {bad})")
+
     def _clip(self, model, max_norm: float) -> float:
         """clip_grad_norm_ over the sharded model: the global 2-norm from every rank's shards -> its value."""
         grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
@@ -237,6 +256,7 @@ class DataParallelSide(OneProcess):
         model.train()
         actor: dict[str, list[float]] = {}
         grad_norms = []
+        watch = Watch(model)  # this rank's non-finite activations / gradients, named by layer (nn/nonfinite.py)
         for k, sl in enumerate(slices):
             learner.set_step(step * cfg.mini_batches + k)
             rows = self._rows(sl)
@@ -246,7 +266,7 @@ class DataParallelSide(OneProcess):
                 keep = rollout_correction(logp_old[sl, :T], logp_sampler[sl, :T], keep, correction,
                                           cfg.correction_cap)[1]
             denom = float(keep.sum().clamp(min=1))
-            with self._shard(learner, prompts, response_ids, sl):
+            with self._shard(learner, prompts, response_ids, sl), watch:
                 logp_new, _, _ = learner.logprobs(prompts[rows], response_ids[rows], temperature=cfg.temperature,
                                                   top_p=cfg.top_p, grad=True, routes=routes(rows))
                 Tr = logp_new.shape[1]
@@ -259,6 +279,8 @@ class DataParallelSide(OneProcess):
             loss_f, met = policy_loss(full_new, logp_old[sl, :T], adv[sl], mask[sl, :T], cfg.clip_low,
                                       cfg.clip_high, correction=correction, logp_sampler=logp_sampler[sl, :T],
                                       cap=cfg.correction_cap)
+            grad_norm = self._clip(model, cfg.grad_clip)
+            self._check(watch, f"rl step {step}, mini-batch {k}")
             # every rank sees the same global loss and norm: all refuse a non-finite step together
-            step_and_log(step, k, opt, loss_f, self._clip(model, cfg.grad_clip), met, grad_norms, actor)
+            step_and_log(step, k, opt, loss_f, grad_norm, met, grad_norms, actor)
         return grad_norms, actor
