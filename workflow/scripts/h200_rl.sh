@@ -51,7 +51,7 @@ prepare() {  # the working tree -> $WORK/repo (code replaced, results kept), whe
     [ -d "$SRC/results/vllm-cpu" ] && [ ! -d "$REPO/results/vllm-cpu" ] && cp -r "$SRC/results/vllm-cpu" "$REPO/results/"
     if [ "${FRESH:-0}" = 1 ]; then rm -rf "$REPO/results/$EXP" "$REPO/.snakemake"; fi
     if ! "$PYTHON" -c "import snakemake, lm_eval" 2>/dev/null; then
-        ls "$SRC"/.whl/*.whl > /dev/null 2>&1 || { echo "h200_rl.sh: no snakemake / lm-eval here and no .whl/ to install (README: H200)" >&2; exit 1; }
+        ls "$SRC"/.whl/*.whl > /dev/null 2>&1 || { echo "h200_rl.sh: no snakemake / lm-eval here and no .whl/ to install (docs/offline-gpu.md)" >&2; exit 1; }
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$SRC"/.whl/*.whl || exit 1
     fi
     # wrappers, not symlinks: a venv's python finds its venv by the path it was started as

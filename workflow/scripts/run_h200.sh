@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The command that made results/h200/: the whole DAG of experiments/h200.yaml on one H200, plus the `gpu`-marked
 # tests, in one <= 10-minute call of the GPU machine (which starts bare and reaches no network).
-# Needs the snakemake + lm-eval wheels for cp312 in .whl/ (README: "Reference run on the H200").
+# Needs the snakemake + lm-eval wheels for cp312 in .whl/ (docs/offline-gpu.md).
 # Writes $OUT/h200.tgz (results/h200 without checkpoints and resume state), gpu-tests.log, snakemake.log.
 set -uo pipefail
 OUT=${OUT:?set OUT to a folder for the outputs}
