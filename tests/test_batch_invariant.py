@@ -1,4 +1,4 @@
-"""minite-onpolicy (issue 19 item 1): batch-invariant kernels, and learner log-probs bitwise equal to the sampler's.
+"""minite-onpolicy: batch-invariant kernels, and learner log-probs bitwise equal to the sampler's.
 
 CPU: the Triton kernels run in the interpreter (conftest), on tiny shapes. The invariance contract tested here:
 a row's output bits do not depend on the other rows of the call (GEMMs), nor on where its keys sit in the cache,

@@ -1,4 +1,4 @@
-"""Issue 24: `minite bench learner` under torchrun times the scale-out learner (bench.learner_dist) and reports
+"""`minite bench learner` under torchrun times the scale-out learner (bench.learner_dist) and reports
 per-GPU and total tokens/s and the scaling efficiency against the plain learner measured in the same invocation."""
 from __future__ import annotations
 

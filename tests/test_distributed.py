@@ -1,4 +1,4 @@
-"""Issue 24: the data-parallel FSDP2 learner (engines.distributed) on CPU with gloo, against one process.
+"""The data-parallel FSDP2 learner (engines.distributed) on CPU with gloo, against one process.
 
 One policy-gradient learner step (`pg_step`) on the same global batch, R ranks (torch.multiprocessing spawn) vs.
 the single-process reference, for bf16, te-nvfp4 and minite:

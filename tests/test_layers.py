@@ -248,7 +248,7 @@ def _is_triton_kernel_file(path: Path) -> bool:
 
 
 def test_cpu_path_imports_without_triton(tmp_path):
-    """Issue 14 item 1: nothing on the CPU path imports triton. Every minite_core module except the Triton kernel
+    """Nothing on the CPU path imports triton. Every minite_core module except the Triton kernel
     files themselves must import with triton unimportable, and `snakemake -n` must parse the DAG. (Not xfailed,
     ever: while it fails, the README's main command is broken on a fresh machine, which installs no triton.)"""
     modules = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if not _is_triton_kernel_file(p))

@@ -1,4 +1,4 @@
-"""Issue 24: `minite rl` on 2 ranks (rl/distributed.py; gloo on CPU, torch.multiprocessing spawn) against the
+"""`minite rl` on 2 ranks (rl/distributed.py; gloo on CPU, torch.multiprocessing spawn) against the
 one-process loop on the same tiny MoE model (experts expert-parallel, the rest FSDP2), for bf16 and minite:
 - step 1 (equal weights on both sides): rollouts, rewards, old log-probs (every mismatch/* column), entropy and
   the held-out evaluation bitwise; with one mini-batch also every actor/* metric (the new log-probs at ratio 1);

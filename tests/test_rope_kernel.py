@@ -1,4 +1,4 @@
-"""The one-launch RoPE kernel (kernels/rope.py, issue 17) against `apply_rope_reference`: bitwise (torch.equal) in
+"""The one-launch RoPE kernel (kernels/rope.py) against `apply_rope_reference`: bitwise (torch.equal) in
 every mode of apply_rope — x's dtype (bf16, fp32), fp32 rope_dtype with RNE / RTZ back to bf16 — on decode (T=1)
 and prefill shapes, Dh 32 / 128, odd B / H, and the transposed view Attention.forward passes. CPU: the Triton
 interpreter (conftest); `-m gpu`: the compiled kernel on CUDA (where FMA contraction would show in fp32)."""

@@ -139,7 +139,7 @@ def test_multi_gpu_experiment_launches_torchrun(tmp_path):
     """gpus_per_job > 1: the throughput bench and every RL run start under torchrun (bench.learner_dist,
     rl/distributed.py) and the RL jobs claim the local GPU pool; 1 (the default): plainly; 0: the one-line schema
     error. (16 prompts x 4 / 2 mini-batches / 2 ranks = 16 rows a rank: what minite's NVFP4 wgrad needs.)"""
-    out = _dry_run_commands(tmp_path, "experiment: issue24-multigpu\ngpus_per_job: 2\n"
+    out = _dry_run_commands(tmp_path, "experiment: multi-gpus\ngpus_per_job: 2\n"
                                       "rl: {prompts_per_step: 16, runs: ['bf16:bf16', 'minite:minite']}\n")
     commands = [line for line in out.splitlines() if "torchrun --standalone" in line]
     assert any("--nproc-per-node 2 -m minite_core.cli bench learner --out" in c for c in commands)
@@ -148,7 +148,7 @@ def test_multi_gpu_experiment_launches_torchrun(tmp_path):
     assert len(commands) == 3, "the throughput bench and the two RL runs, nothing else"
     job = out[out.index("rule rl:"):]
     assert "gpu=4" in job[:job.index("\n\n")]  # every local slot: torchrun holds the node's GPUs
-    plain = _dry_run_commands(tmp_path, "experiment: issue24-onegpu\nrl: {runs: ['bf16:bf16']}\n")
+    plain = _dry_run_commands(tmp_path, "experiment: multi-onegpu\nrl: {runs: ['bf16:bf16']}\n")
     assert "Shell command: minite rl --pretrained" in plain and "torchrun --standalone" not in plain
     assert launcher({"gpus_per_job": 1}, "rl") == "minite" and launcher({}, "throughput") == "minite"
     assert schema_errors({"experiment": "x", "gpus_per_job": 0}, SCHEMA) == [
@@ -156,7 +156,7 @@ def test_multi_gpu_experiment_launches_torchrun(tmp_path):
 
 
 def test_node_experiment_spreads_one_gpu_jobs_and_runs_the_bench_on_all(tmp_path):
-    """experiments/h200x8.yaml (issue 25): the throughput bench under torchrun on the node's 8 GPUs without the
+    """experiments/h200x8.yaml: the throughput bench under torchrun on the node's 8 GPUs without the
     plain baseline (the full-depth model does not fit one GPU); every other command that computes takes one GPU of
     8 (`--gpu-lease 8x2`), the RL runs included (rl.gpus_per_job unset: the top-level 1)."""
     res = subprocess.run([*SNAKEMAKE, "-n", "-p", "all", "--configfile", "experiments/h200x8.yaml"], cwd=ROOT,
@@ -176,7 +176,7 @@ def test_slurm_profile_places_a_multi_gpu_job_on_one_node(tmp_path):
     """The throughput job asks Slurm for gpus_per_job GPUs (`gres`, which the plugin turns into --gres=gpu:4) on one
     node, and not for the local GPU slots (`gpu` 0: the plugin would add --gpus=<slots>)."""
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="optional extra `slurm` not installed")
-    out = _dry_run_commands(tmp_path, "experiment: issue24-slurm\ndevice: cuda\ngpus_per_job: 4\n",
+    out = _dry_run_commands(tmp_path, "experiment: multi-slurm\ndevice: cuda\ngpus_per_job: 4\n",
                             "--workflow-profile", "workflow/profiles/slurm")
     job = out[out.index("rule throughput:"):]
     job = job[:job.index("\n\n")]
