@@ -27,8 +27,8 @@ exit 0). Saving is atomic per file (results.atomic_write_bytes) and shards a mod
 same way (model-0000i-of-0000n.safetensors + index), one shard in host memory at a time.
 
 Safetensors files this module writes carry the sha256 of their tensor data in the header's metadata
-(`minite.sha256`, hashed from the bytes in memory while writing); loading one checks the hash first (streamed in
-chunks for the streaming loader), so a changed byte is an error naming the file. Files without the key (other
+(`minite.sha256`, hashed from the bytes in memory while writing); loading one checks the hash first (`verify_sha256`,
+streamed in chunks), so a changed byte is an error naming the file. Files without the key (other
 tools' checkpoints) load as they are, memory-mapped.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load, load_file, save
+from safetensors.torch import load_file, save
 
 from minite_core.model.config import ModelConfig
 from minite_core.model.qwen3_moe import CausalLM
@@ -64,23 +64,17 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metada
 MAX_SHARD_BYTES = 5 * 1024**3  # the hub's usual shard size (Qwen3-30B-A3B: 16 shards of <= 4 GB)
 
 
+def _unreadable(path: Path, e: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:160]}); rewrite or re-download it")
+
+
 def _load_file(path: Path, device) -> dict[str, torch.Tensor]:
+    verify_sha256(path)  # ours: the hash first; other tools' files: as they are
     try:
-        with open(path, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            digest = (json.loads(fh.read(n)).get("__metadata__") or {}).get(SHA256_KEY)
-        if digest is None:  # not ours: as it is, memory-mapped
-            return load_file(path, device=str(device))
-        raw = path.read_bytes()
-        intact = hashlib.sha256(memoryview(raw)[8 + n:]).hexdigest() == digest
-        tensors = load(raw) if intact else None
+        return load_file(path, device=str(device))
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for one meaning: a damaged file
-        raise ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:160]}); rewrite or re-download it") from None
-    if tensors is None:
-        raise ValueError(f"{path} is damaged: the sha256 of its tensor data does not match its header (a changed "
-                         "or truncated byte); rerun the stage that wrote it")
-    return {k: v.to(device) for k, v in tensors.items()}
+        raise _unreadable(path, e) from None
 
 
 def read_safetensors(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -247,9 +241,8 @@ def verify_sha256(file: Path, chunk: int = 1 << 20) -> None:
             h = hashlib.sha256()
             while block := fh.read(chunk):
                 h.update(block)
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError) as e:
-        raise ValueError(f"{file} is not a readable safetensors file ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:160]}); rewrite or re-download it") from None
+    except Exception as e:  # noqa: BLE001 - a header that is not JSON, a size past the file's end, ...
+        raise _unreadable(file, e) from None
     if h.hexdigest() != digest:
         raise ValueError(f"{file} is damaged: the sha256 of its tensor data does not match its header (a changed "
                          "or truncated byte); rerun the stage that wrote it")
@@ -260,8 +253,7 @@ def _open_shard(file: Path, device):
     try:
         return safe_open(str(file), framework="pt", device=str(device))
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for one meaning: a damaged file
-        raise ValueError(f"{file} is not a readable safetensors file ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:160]}); rewrite or re-download it") from None
+        raise _unreadable(file, e) from None
 
 
 @torch.no_grad()
