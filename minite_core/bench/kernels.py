@@ -348,15 +348,30 @@ DECODE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
                                        (128, 256, 8, 3), (64, 64, 4, 4))]
 
 
+MMA_SWEEP = [dict(warps=w, unroll=u, blocks_per_sm=b) for w, u, b in
+             ((4, 4, 4), (4, 16, 4), (8, 8, 2), (8, 8, 4), (4, 8, 2), (4, 8, 8), (2, 8, 8))]
+
+
+def _mma_call(x, q, act, cfg, out_dtype=torch.bfloat16):
+    """The decode GEMM as gemm_ops.decode_gemm runs it up to 16 rows: W4A16, or W4A4 with the quantizer fused
+    (its row-amax launch first)."""
+    from minite_core.kernels import decode_mma
+
+    return decode_mma.packed_gemm_mma(x, q, act=act, out_dtype=out_dtype, config=cfg)
+
+
 def bench_decode(rec, reps=20, sweep=False):
     """Packed-weight decode GEMMs (kernels/decode.py) against cuBLAS bf16 F.linear on the same shapes, each
     captured in one CUDA graph cycling over > 4x L2 of its own weight bytes; bandwidth = weight bytes read / time
     against the D2D copy bandwidth of this run. W4A16 (x bf16) and W4A4 with the fused per-token quantizer (the
-    sampler's minite-packed path), then the MoE experts' grouped packed GEMM at decode against torch._grouped_mm."""
+    sampler's minite-packed path above 16 rows), the tensor-core kernel (`decode-*-mma`, kernels/decode_mma.py: the
+    sampler's path up to 16 rows; its W4A4 rows include the row-amax launch), then the MoE experts' grouped packed GEMM at decode against torch._grouped_mm."""
     from minite_core.bench.timing import copy_bandwidth
     from minite_core.kernels.decode import decode_config, packed_gemm_triton
     from minite_core.kernels.quantize import quantize_triton
-    from minite_core.kernels.reference import packed_gemm_reference
+    from minite_core.formats import nvfp4 as ref
+    from minite_core.kernels import decode_mma, dispatch
+    from minite_core.kernels.reference import decode_gemm_reference, packed_gemm_reference
     from minite_core.profiles import Quant
 
     copy_gbps = copy_bandwidth("cuda")
@@ -387,6 +402,28 @@ def bench_decode(rec, reps=20, sweep=False):
                             bw_frac=gb / copy_gbps, rel_err=rel, split_k=cfg_m["SPLIT_K"],
                             placed=int(cfg_m["PLACED"]))
             _guard(rec, "decode-packed", shape, run)
+
+            def run_mma(cfg=None, label=""):  # the tensor-core kernel (kernels/decode_mma.py), as the sampler calls it
+                for name, act in (("w4a16", None), ("w4a4", row_act)):
+                    f = lambda q, act=act, **kw: _mma_call(x, q, act, cfg, **kw)  # noqa: E731
+                    y = f(qw[0], out_dtype=torch.float32)
+                    w64 = ref.NVFP4Tensor(qw[0].data, qw[0].scale, qw[0].global_scale.double())
+                    if act is None:
+                        yr = decode_gemm_reference(x.double(), w64)
+                    else:  # x̂ as the quantizer makes it, in fp64
+                        _, dq = dispatch.quantize_dq(x, act, check=False)
+                        yr = decode_gemm_reference(dq.values_bf16.double(), w64, x_scale=dq.global_scale.double())
+                    rel = ((y.double() - yr).norm() / yr.norm()).item()
+                    t = time_graph([lambda q=q: f(q) for q in qw], reps)
+                    gb = bytes_w4 / t[0] / 1e6
+                    rec.add(f"decode-{name}-mma{label}", shape, t, "decode-bf16-cublas", t_bf16, gbps=gb,
+                            bw_frac=gb / copy_gbps, rel_err=rel,
+                            split_k=decode_mma.split_k(nk, nk, x.device, dict(decode_mma.CONFIG, **(cfg or {})))[0])
+            if m <= decode_mma.MAX_ROWS:
+                _guard(rec, "decode-mma", shape, run_mma)
+                for cfg in MMA_SWEEP if sweep else ():
+                    lbl = "-cfg-" + "-".join(f"{k[0]}{v}" for k, v in cfg.items())
+                    _guard(rec, "decode-mma" + lbl, shape, lambda cfg=cfg, lbl=lbl: run_mma(cfg, lbl))
             if sweep:
                 for cfg in DECODE_SWEEP + [dict(PLACED=False)]:
                     for split in ((None, 1) if "PLACED" not in cfg else (None,)):
@@ -401,6 +438,7 @@ def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
     """The MoE experts at decode (Qwen3-30B-A3B's expert shapes): batch tokens x top-k rows on the padded sorted
     layout, packed NVFP4 grouped GEMM (W4A16 and fused W4A4) vs torch._grouped_mm on bf16 expert weights; the
     bytes are those of the experts the batch touches."""
+    from minite_core.kernels import decode_mma, dispatch
     from minite_core.kernels.decode import grouped_packed_gemm_triton
     from minite_core.kernels.operands import PackedExperts
     from minite_core.kernels.quantize import quantize_triton
@@ -433,7 +471,18 @@ def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
                                    reps)
                     rec.add(f"decode-moe-{name}-{label}-packed", shape, t, f"decode-moe-{name}-bf16-grouped_mm",
                             t_bf16, gbps=touched * n * k * 0.5625 / t[0] / 1e6)
+
+            def run_mma():  # the tensor-core kernel as the sampler's MoE layer calls it (W4A4: quantizer + kernel)
+                sched = dispatch.grouped_decode_schedule(offs, rows)
+                for label, act in (("w4a16", None), ("w4a4", Quant(scale_mode="row"))):
+                    if not decode_mma.grouped_supported(x, packed[0]):
+                        return
+                    t = time_graph([lambda p=p: dispatch.grouped_decode_gemm(x, p, offs, act=act, schedule=sched)
+                                    for p in packed], reps)
+                    rec.add(f"decode-moe-{name}-{label}-mma", shape, t, f"decode-moe-{name}-bf16-grouped_mm",
+                            t_bf16, gbps=touched * n * k * 0.5625 / t[0] / 1e6)
             _guard(rec, f"decode-moe-{name}", shape, run)
+            _guard(rec, f"decode-moe-{name}-mma", shape, run_mma)
         del ws, packed
 
 

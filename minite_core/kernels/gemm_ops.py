@@ -96,7 +96,8 @@ def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, a
                 out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch.Tensor:
     """y [M, N] = x @ W_hat^T from packed weights (codes + scales, dequantized in the GEMM's main loop; the
     decode GEMM of profiles' `decode_gemm: "packed"`). act=None: W4A16 (x bf16 as is); act=Quant: W4A4, x
-    quantized with that quantizer (amax for a static scale) — fused into the GEMM on the fast path. Reference
+    quantized with that quantizer (amax for a static scale) — fused into the Triton GEMM on the fast path; up to 16
+    rows (kernels/decode_mma.py) the quantizer's x̂ feeds the tensor-core kernel. Reference
     path: the quantizer, then fp32 x̂ @ ŵᵀ — exactly what `gemm` / `gemm_w4a16` compute on CPU."""
     if not fast_path(x, backend):
         from minite_core.kernels.reference import decode_gemm_reference
@@ -105,6 +106,13 @@ def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, a
             return decode_gemm_reference(x, w, out_dtype=out_dtype)
         _, dq = quantize_dq(x, act, amax=amax, backend=backend, check=False)
         return decode_gemm_reference(dq.values_bf16, w, x_scale=dq.global_scale, out_dtype=out_dtype)
+    from minite_core.kernels import decode_mma
+
+    if decode_mma.supported(x, w, out_dtype):  # <= 16 rows: the tensor-core kernel on the mma layout
+        if act is None or x.dtype == torch.bfloat16:  # W4A16, or W4A4 with the quantizer fused
+            return decode_mma.packed_gemm_mma(x, w, act=act, amax=amax, out_dtype=out_dtype)
+        _, dq = quantize_dq(x, act, amax=amax, backend=backend, check=False)
+        return decode_mma.packed_gemm_mma(dq.values_bf16, w, x_scale=dq.global_scale, out_dtype=out_dtype)
     from minite_core.kernels.decode import packed_gemm_triton
 
     return packed_gemm_triton(x, w, act=act, amax=amax, out_dtype=out_dtype)
@@ -117,6 +125,19 @@ def grouped_decode_gemm(x: torch.Tensor, w, offs: torch.Tensor, act: Quant | Non
     static scales). Fast path only (the reference's expert loop is `nn.experts`' per-expert `linear`)."""
     if not fast_path(x, backend):
         raise RuntimeError("grouped_decode_gemm is the fast path; the reference runs nn.experts' per-expert loop")
+    from minite_core.kernels import decode_mma
+
+    if decode_mma.grouped_supported(x, w, out_dtype):  # decode: the tensor-core kernel on 16-row tiles
+        if schedule is None:
+            schedule = grouped_decode_schedule(offs, x.shape[0])
+        if act is None or x.dtype == torch.bfloat16:
+            return decode_mma.grouped_packed_gemm_mma(x, w, offs, schedule, act=act, amax=amax, out_dtype=out_dtype)
+        from minite_core.kernels.decode import act_amax
+
+        rows = act_amax(x, act, amax)  # the fused quantizer's one amax a row, then the quantizer on its own
+        _, dq = quantize_dq(x, Quant(scale_mode="row", math=act.math), amax=rows, backend=backend, check=False)
+        return decode_mma.grouped_packed_gemm_mma(dq.values_bf16, w, offs, schedule, x_scale=dq.global_scale,
+                                                  out_dtype=out_dtype)
     from minite_core.kernels.decode import grouped_packed_gemm_triton
 
     return grouped_packed_gemm_triton(x, w, offs, act=act, amax=amax, out_dtype=out_dtype, schedule=schedule)
