@@ -14,7 +14,7 @@ import torch
 
 from minite_core.formats import nvfp4 as ref
 from minite_core.kernels import decode_mma
-from minite_core.kernels.reference import decode_gemm_reference
+from minite_core.kernels.reference import decode_gemm_reference, packed_gemm_reference
 
 CUDA = torch.cuda.is_available()
 
@@ -93,6 +93,17 @@ def test_the_dispatch_leaves_cpu_and_large_batches_to_the_other_kernels():
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
+def _exact_ref(x, w, x_scale=None):
+    """x̂ @ ŵᵀ unscaled (bf16 operands, fp32 sums), then · (S_x ·) S_w: with exact sums the kernel's bits in any order."""
+    return packed_gemm_reference(x, w, x_scale=x_scale, block_k=64)
+
+
+def ref64(x, w, x_scale=None):
+    """The same in float64: the yardstick for inexact sums."""
+    xs = x.double() if x_scale is None else x.double() * x_scale.double()
+    return (xs @ ref.dequantize_unscaled(w).double().t()) * w.global_scale.double().reshape(1, -1)
+
+
 def _few_bits(x: torch.Tensor) -> torch.Tensor:
     """3 significant bits in [-4, 4]: every product and partial sum exact in fp32, so any order gives the same bits."""
     return (torch.round(x.float().clamp(-4, 4) * 2) / 2).to(torch.bfloat16)
@@ -127,10 +138,10 @@ def test_gpu_equals_the_reference(m, n, k):
         if k <= 640:  # exact sums: bitwise, W4A16 and W4A4 (x̂ with its per-row S_dec)
             xf = _few_bits(x)
             assert torch.equal(decode_mma.packed_gemm_mma(xf, w, out_dtype=torch.float32),
-                               decode_gemm_reference(xf, w)), (scale_mode, "w4a16")
+                               _exact_ref(xf, w)), (scale_mode, "w4a16")
             s_x = torch.rand(m, 1, device="cuda") + 0.5
             assert torch.equal(decode_mma.packed_gemm_mma(xf, w, x_scale=s_x, out_dtype=torch.float32),
-                               decode_gemm_reference(xf, w, x_scale=s_x)), (scale_mode, "w4a4")
+                               _exact_ref(xf, w, x_scale=s_x)), (scale_mode, "w4a4")
         for act, amax in ((Quant(scale_mode="row"), None), (Quant(), None), (Quant(math="fast", static=True),
                                                                             torch.tensor(2.5, device="cuda"))):
             _, dq = dispatch.quantize_dq(x, act, amax=amax, check=False)  # the quantizer on its own
@@ -138,7 +149,7 @@ def test_gpu_equals_the_reference(m, n, k):
             assert torch.equal(y_fused, decode_mma.packed_gemm_mma(dq.values_bf16, w, x_scale=dq.global_scale,
                                                                    out_dtype=torch.float32)), (scale_mode, act)
         y = decode_mma.packed_gemm_mma(x, w, out_dtype=torch.float32)
-        y_ref = decode_gemm_reference(x.double(), ref.NVFP4Tensor(w.data, w.scale, w.global_scale.double()))
+        y_ref = ref64(x, w)
         assert ((y.double() - y_ref).norm() / y_ref.norm()).item() < REL_TOL, scale_mode
         y16 = decode_mma.packed_gemm_mma(x, w)  # bf16 out: the fp32 result rounded once
         assert torch.equal(y16, y.to(torch.bfloat16))
@@ -195,12 +206,11 @@ def test_gpu_grouped_equals_the_per_expert_reference():
     schedule = dispatch.grouped_decode_schedule(offs, x.shape[0])
     y = decode_mma.grouped_packed_gemm_mma(x, packed, offs, schedule, out_dtype=torch.float32)
     bounds = offs.tolist()
-    y_ref = torch.cat([decode_gemm_reference(x[s:t], ws[e]) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:]))
-                       if t > s])
+    y_ref = torch.cat([_exact_ref(x[s:t], ws[e]) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s])
     assert torch.equal(y, y_ref)
     s_x = torch.rand(21, 1, device="cuda") + 0.5
     y = decode_mma.grouped_packed_gemm_mma(x, packed, offs, schedule, x_scale=s_x, out_dtype=torch.float32)
-    y_ref = torch.cat([decode_gemm_reference(x[s:t], ws[e], x_scale=s_x[s:t])
+    y_ref = torch.cat([_exact_ref(x[s:t], ws[e], x_scale=s_x[s:t])
                        for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s])
     assert torch.equal(y, y_ref)
     xr = torch.randn(21, K, device="cuda", dtype=torch.bfloat16)

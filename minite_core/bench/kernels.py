@@ -371,7 +371,7 @@ def bench_decode(rec, reps=20, sweep=False):
     from minite_core.kernels.quantize import quantize_triton
     from minite_core.formats import nvfp4 as ref
     from minite_core.kernels import decode_mma, dispatch
-    from minite_core.kernels.reference import decode_gemm_reference, packed_gemm_reference
+    from minite_core.kernels.reference import packed_gemm_reference
     from minite_core.profiles import Quant
 
     copy_gbps = copy_bandwidth("cuda")
@@ -407,12 +407,12 @@ def bench_decode(rec, reps=20, sweep=False):
                 for name, act in (("w4a16", None), ("w4a4", row_act)):
                     f = lambda q, act=act, **kw: _mma_call(x, q, act, cfg, **kw)  # noqa: E731
                     y = f(qw[0], out_dtype=torch.float32)
-                    w64 = ref.NVFP4Tensor(qw[0].data, qw[0].scale, qw[0].global_scale.double())
+                    w64 = ref.dequantize_unscaled(qw[0]).double().t() * qw[0].global_scale.double().reshape(1, -1)
                     if act is None:
-                        yr = decode_gemm_reference(x.double(), w64)
+                        yr = x.double() @ w64
                     else:  # x̂ as the quantizer makes it, in fp64
                         _, dq = dispatch.quantize_dq(x, act, check=False)
-                        yr = decode_gemm_reference(dq.values_bf16.double(), w64, x_scale=dq.global_scale.double())
+                        yr = (dq.values_bf16.double() * dq.global_scale.double()) @ w64
                     rel = ((y.double() - yr).norm() / yr.norm()).item()
                     t = time_graph([lambda q=q: f(q) for q in qw], reps)
                     gb = bytes_w4 / t[0] / 1e6
