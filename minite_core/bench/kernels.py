@@ -349,14 +349,18 @@ DECODE_SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
 
 
 MMA_SWEEP = [dict(warps=w, unroll=u, blocks_per_sm=b) for w, u, b in
-             ((4, 4, 4), (4, 16, 4), (8, 8, 2), (8, 8, 4), (4, 8, 2), (4, 8, 8), (2, 8, 8))]
+             ((4, 4, 4), (4, 16, 4), (8, 8, 2), (8, 8, 4), (4, 8, 2), (4, 8, 8), (2, 8, 8), (8, 4, 8))]
 
 
-def _mma_call(x, q, act, cfg, out_dtype=torch.bfloat16):
-    """The decode GEMM as gemm_ops.decode_gemm runs it up to 16 rows: W4A16, or W4A4 with the quantizer fused
-    (its row-amax launch first)."""
-    from minite_core.kernels import decode_mma
+def _mma_call(x, q, act, cfg, separate=False, out_dtype=torch.bfloat16):
+    """The tensor-core decode GEMM: W4A16; W4A4 with the quantizer fused (its row-amax launch first) or, separate,
+    the quantizer's own launches and the kernel on x̂."""
+    from minite_core.kernels import decode_mma, dispatch
 
+    if separate:
+        _, dq = dispatch.quantize_dq(x, act, check=False)
+        return decode_mma.packed_gemm_mma(dq.values_bf16, q, x_scale=dq.global_scale, out_dtype=out_dtype,
+                                          config=cfg)
     return decode_mma.packed_gemm_mma(x, q, act=act, out_dtype=out_dtype, config=cfg)
 
 
@@ -404,8 +408,11 @@ def bench_decode(rec, reps=20, sweep=False):
             _guard(rec, "decode-packed", shape, run)
 
             def run_mma(cfg=None, label=""):  # the tensor-core kernel (kernels/decode_mma.py), as the sampler calls it
-                for name, act in (("w4a16", None), ("w4a4", row_act)):
-                    f = lambda q, act=act, **kw: _mma_call(x, q, act, cfg, **kw)  # noqa: E731
+                # w4a4: the quantizer fused (staged x quantized by every block); w4a4-quantizer: the quantizer's own
+                # launches (dispatch.quantize_dq), then the kernel on x̂ — which one the dispatch runs is chosen here
+                for name, act in (("w4a16", None), ("w4a4", row_act), ("w4a4-quantizer", row_act)):
+                    f = lambda q, act=act, sep=name.endswith("quantizer"), **kw: _mma_call(  # noqa: E731
+                        x, q, act, cfg, separate=sep, **kw)
                     y = f(qw[0], out_dtype=torch.float32)
                     w64 = ref.dequantize_unscaled(qw[0]).double().t() * qw[0].global_scale.double().reshape(1, -1)
                     if act is None:
@@ -421,10 +428,10 @@ def bench_decode(rec, reps=20, sweep=False):
                             split_k=decode_mma.split_k(nk, nk, x.device, dict(decode_mma.CONFIG, **(cfg or {})))[0])
             if m <= decode_mma.MAX_ROWS:
                 _guard(rec, "decode-mma", shape, run_mma)
-                for cfg in MMA_SWEEP if sweep else ():
+                for cfg in MMA_SWEEP if sweep in ("all", "mma") else ():
                     lbl = "-cfg-" + "-".join(f"{k[0]}{v}" for k, v in cfg.items())
                     _guard(rec, "decode-mma" + lbl, shape, lambda cfg=cfg, lbl=lbl: run_mma(cfg, lbl))
-            if sweep:
+            if sweep == "all":
                 for cfg in DECODE_SWEEP + [dict(PLACED=False)]:
                     for split in ((None, 1) if "PLACED" not in cfg else (None,)):
                         c = dict(cfg, **({} if split is None else {"SPLIT_K": split}))
@@ -498,7 +505,8 @@ def main(argv=None):
     p.add_argument("--json", required=True, help="output JSON (schema bench-kernels/v1)")
     p.add_argument("--csv", required=True, help="output long-format CSV")
     p.add_argument("--only", default="quantize,linear,moe,decode", help="comma list of sections")
-    p.add_argument("--sweep", action="store_true", help="also sweep Triton tile configs")
+    p.add_argument("--sweep", nargs="?", const="all", default=None, choices=("all", "mma"),
+                   help="also sweep tile configs (mma: only the tensor-core decode kernel's)")
     p.add_argument("--quick", action="store_true", help="small shapes / fewer reps (smoke)")
     p.add_argument("--commit", default=None)
     args = p.parse_args(argv)
@@ -508,16 +516,16 @@ def main(argv=None):
     rec = Recorder()
     torch.manual_seed(0)
     if "quantize" in only:
-        bench_quantize(rec, *((1024, 1024) if args.quick else (16384, 4096)), sweep=args.sweep)
+        bench_quantize(rec, *((1024, 1024) if args.quick else (16384, 4096)), sweep=args.sweep == "all")
     if "linear" in only:
-        bench_linear(rec, 16384, 4096, 4096, sweep=args.sweep)
+        bench_linear(rec, 16384, 4096, 4096, sweep=args.sweep == "all")
         if not args.quick:
             bench_linear(rec, 8192, 8192, 8192)
     if "moe" in only:
         for tokens in ((4096,) if args.quick else (4096, 16384)):
-            bench_moe(rec, tokens, sweep=args.sweep and tokens == 16384)
+            bench_moe(rec, tokens, sweep=args.sweep == "all" and tokens == 16384)
     if "decode" in only:
-        bench_decode(rec, sweep=args.sweep)
+        bench_decode(rec, sweep=args.sweep)  # "mma": that kernel's sweep alone
     env = _env(args.commit)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -91,7 +91,8 @@ __device__ __forceinline__ float e4m3_rne(float v) {  // non-negative v <= 448 -
 __device__ __forceinline__ float e2m1_rne(float v) {  // v -> its E2M1 value, sign kept (`_e2m1_rne`)
     const float a = fminf(fabsf(v), 6.0f);
     const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-    const float r = __fsub_rn(__fadd_rn(__fdiv_rn(a, step), 8388608.0f), 8388608.0f);
+    const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);  // a / step, exactly: a power-of-two step
+    const float r = __fsub_rn(__fadd_rn(__fmul_rn(a, inv), 8388608.0f), 8388608.0f);
     const float q = __fmul_rn(r, step);
     return v < 0.0f ? -q : q;
 }
@@ -144,36 +145,17 @@ __device__ __forceinline__ void store(void* y, int stride_y, int m, int n, float
 // block of a column of the grid (an atomic ticket) adds them in slice order and stores y: deterministic, one
 // launch, capturable (its ticket returns to zero).
 // flags: 1 = S_w per row of W, 2 = an S_x is given, 4 = S_x per row of x.
-// GROUPED: the MoE experts on the padded sorted layout (kernels/grouped.py grouped_schedule): grid.z walks the
-// tiles of <= 16 rows of one expert (tiles past num_tiles exit), W and S_w indexed by the tile's expert.
 // QUANT: 0 = x as given (W4A16, or x̂ with its S_dec in sx); 1 / 2 = x (bf16) quantized while it is staged
 // (`exact` / `fast` block scales), sx = one amax per row of x, S_dec of the row in the epilogue.
 template <int MT, int WARPS, int UNROLL, bool OUT_F32, bool GROUPED, int QUANT>
-__global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
+__device__ __forceinline__ void tile_gemm(
     const U4* __restrict__ wq, const u16* __restrict__ ws, const u16* __restrict__ x,
     const float* __restrict__ sw, const float* __restrict__ sx, void* __restrict__ y,
     float* __restrict__ part, int* __restrict__ tickets,
-    const int* __restrict__ tile_expert, const long long* __restrict__ tile_row,
-    const long long* __restrict__ offs, const long long* __restrict__ num_tiles,
-    int M, int N, int chunks, int slice_chunks, int stride_x, int stride_y, int stride_swe, int flags) {
+    int M, int N, int chunks, int slice_chunks, int stride_x, int stride_y, int flags) {
     extern __shared__ U4 xs[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    long long row0 = 0;  // this block's first row of x and y
-    if (GROUPED) {
-        if ((long long)blockIdx.z >= *num_tiles) return;
-        const int e = tile_expert[blockIdx.z];
-        row0 = tile_row[blockIdx.z];
-        M = (int)min((long long)(MT * 8), offs[e + 1] - row0);
-        wq += (size_t)e * (N / 16) * chunks * 32;
-        ws += (size_t)e * (N / 16) * chunks * 32;
-        sw += (size_t)e * stride_swe;
-        if (flags & 4) sx += row0;
-        x += row0 * stride_x;
-        y = static_cast<char*>(y) + row0 * stride_y * (OUT_F32 ? 4 : 2);
-        part += (size_t)blockIdx.z * MT * 8 * N * gridDim.y;  // this tile's [SPLIT, MT*8, N] block
-        tickets += blockIdx.z * gridDim.x;
-    }
     const int c0 = blockIdx.y * slice_chunks;
     const int nc = min(slice_chunks, chunks - c0);
     const int row = slice_chunks * 8 + 1;  // x row stride in 16-byte units (a chunk is 8 of them) + 1 pad
@@ -186,6 +168,13 @@ __global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
             xs[r * row + c] = v;
         }
     } else {
+        __shared__ float s_row[2][MT * 8];  // each row's S_enc, S_dec: once a block
+        if (threadIdx.x < MT * 8 && threadIdx.x < M) {
+            const float e = global_s_enc(sx[threadIdx.x]);
+            s_row[0][threadIdx.x] = e;
+            s_row[1][threadIdx.x] = __fdiv_rn(1.0f, e);
+        }
+        __syncthreads();
         for (int i = threadIdx.x; i < MT * 8 * nc * 4; i += WARPS * 32) {  // one 16-column block a thread
             const int r = i / (nc * 4), b = i - r * (nc * 4);
             U4 q[2] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
@@ -199,9 +188,8 @@ __global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
                     v[2 * j] = bf16_lo(w[j]);
                     v[2 * j + 1] = bf16_hi(w[j]);
                 }
-                const float s_enc = global_s_enc(sx[r]);
                 u32 o[8];
-                quantize_block<QUANT == 2>(v, s_enc, __fdiv_rn(1.0f, s_enc), o);
+                quantize_block<QUANT == 2>(v, s_row[0][r], s_row[1][r], o);
                 q[0] = {o[0], o[1], o[2], o[3]};
                 q[1] = {o[4], o[5], o[6], o[7]};
             }
@@ -297,5 +285,35 @@ __global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
                 const int m = mt * 8 + 2 * t + (i & 1), n = n0 + 8 * (i >> 1);
                 if (m < M) store<OUT_F32, QUANT != 0>(y, stride_y, m, n, acc[mt][i], sw, sx, flags);
             }
+    }
+}
+
+// GROUPED: the MoE experts on the padded sorted layout (kernels/grouped.py grouped_schedule): grid.z programs walk
+// the tiles of <= 16 rows of one expert (tile z, z + grid.z, ... below num_tiles: no block is spent on the upper
+// bound's empty tiles), W and S_w indexed by the tile's expert, partials and tickets by the tile.
+template <int MT, int WARPS, int UNROLL, bool OUT_F32, bool GROUPED, int QUANT>
+__global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
+    const U4* __restrict__ wq, const u16* __restrict__ ws, const u16* __restrict__ x,
+    const float* __restrict__ sw, const float* __restrict__ sx, void* __restrict__ y,
+    float* __restrict__ part, int* __restrict__ tickets,
+    const int* __restrict__ tile_expert, const long long* __restrict__ tile_row,
+    const long long* __restrict__ offs, const long long* __restrict__ num_tiles,
+    int M, int N, int chunks, int slice_chunks, int stride_x, int stride_y, int stride_swe, int flags) {
+    if (!GROUPED) {
+        tile_gemm<MT, WARPS, UNROLL, OUT_F32, GROUPED, QUANT>(wq, ws, x, sw, sx, y, part, tickets, M, N, chunks,
+                                                              slice_chunks, stride_x, stride_y, flags);
+        return;
+    }
+    const long long tiles = *num_tiles;
+    const size_t w_expert = (size_t)(N / 16) * chunks * 32;
+    for (long long z = blockIdx.z; z < tiles; z += gridDim.z) {
+        const int e = tile_expert[z];
+        const long long row0 = tile_row[z];
+        tile_gemm<MT, WARPS, UNROLL, OUT_F32, GROUPED, QUANT>(
+            wq + e * w_expert, ws + e * w_expert, x + row0 * stride_x, sw + (size_t)e * stride_swe,
+            (flags & 4) ? sx + row0 : sx, static_cast<char*>(y) + row0 * stride_y * (OUT_F32 ? 4 : 2),
+            part + (size_t)z * MT * 8 * N * gridDim.y, tickets + z * gridDim.x,
+            (int)min((long long)(MT * 8), offs[e + 1] - row0), N, chunks, slice_chunks, stride_x, stride_y, flags);
+        __syncthreads();  // the staged x of this tile is read before the next tile's is written
     }
 }

@@ -178,18 +178,18 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
     flags = int(sw.shape[-1] > 1) | (2 if x_scale is not None else 0) | (4 if sx.numel() > 1 or quant else 0)
     cfg = dict(CONFIG, **(config or {}))
     col_blocks = -(-n // (16 * cfg["warps"]))
-    if grouped:
+    if grouped:  # tiles: the schedule's upper bound; a tile has >= 1 row, so at most m of them are not empty
         (tile_expert, tile_row, num_tiles, tiles), offs = grouped
-        mt, rows = 2, 16 * tiles
+        mt, rows, programs = 2, 16 * tiles, min(tiles, m)
     else:
-        mt, tiles, rows = (1 if m <= 8 else 2), 1, m
+        mt, tiles, rows, programs = (1 if m <= 8 else 2), 1, m, 1
         tile_expert = tile_row = offs = num_tiles = sw
-    slices, per = split_k(n, k, x.device, cfg, tiles)
+    slices, per = split_k(n, k, x.device, cfg, programs)
     part = torch.empty(slices * rows * n if slices > 1 else 1, dtype=torch.float32, device=x.device)
     tickets = _tickets(x.device, col_blocks * tiles)
     smem = mt * 8 * (per * 8 + 1) * 16
     _kernel(mt, cfg["warps"], cfg["unroll"], out_dtype == torch.float32, grouped is not None, quant)(
-        grid=(col_blocks, slices, tiles), block=(32 * cfg["warps"], 1, 1), shared_mem=smem,
+        grid=(col_blocks, slices, programs), block=(32 * cfg["warps"], 1, 1), shared_mem=smem,
         args=[wq, ws, x, sw, sx, y, part, tickets, tile_expert, tile_row, offs, num_tiles, m, n, k // 64, per,
               x.stride(0), y.stride(0), stride_swe, flags])
     return y
