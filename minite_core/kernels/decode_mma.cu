@@ -288,9 +288,9 @@ __device__ __forceinline__ void tile_gemm(
     }
 }
 
-// GROUPED: the MoE experts on the padded sorted layout (kernels/grouped.py grouped_schedule): grid.z programs walk
-// the tiles of <= 16 rows of one expert (tile z, z + grid.z, ... below num_tiles: no block is spent on the upper
-// bound's empty tiles), W and S_w indexed by the tile's expert, partials and tickets by the tile.
+// GROUPED: the MoE experts on the padded sorted layout (kernels/grouped.py grouped_schedule): grid.z is the
+// schedule's upper bound of tiles of <= 16 rows of one expert (those past num_tiles exit), W and S_w indexed by the
+// tile's expert, partials and tickets by the tile. (Programs looping over tiles, fewer of them, measured slower.)
 template <int MT, int WARPS, int UNROLL, bool OUT_F32, bool GROUPED, int QUANT>
 __global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
     const U4* __restrict__ wq, const u16* __restrict__ ws, const u16* __restrict__ x,
@@ -304,16 +304,14 @@ __global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
                                                               slice_chunks, stride_x, stride_y, flags);
         return;
     }
-    const long long tiles = *num_tiles;
+    const long long z = blockIdx.z;
+    if (z >= *num_tiles) return;
+    const int e = tile_expert[z];
+    const long long row0 = tile_row[z];
     const size_t w_expert = (size_t)(N / 16) * chunks * 32;
-    for (long long z = blockIdx.z; z < tiles; z += gridDim.z) {
-        const int e = tile_expert[z];
-        const long long row0 = tile_row[z];
-        tile_gemm<MT, WARPS, UNROLL, OUT_F32, GROUPED, QUANT>(
-            wq + e * w_expert, ws + e * w_expert, x + row0 * stride_x, sw + (size_t)e * stride_swe,
-            (flags & 4) ? sx + row0 : sx, static_cast<char*>(y) + row0 * stride_y * (OUT_F32 ? 4 : 2),
-            part + (size_t)z * MT * 8 * N * gridDim.y, tickets + z * gridDim.x,
-            (int)min((long long)(MT * 8), offs[e + 1] - row0), N, chunks, slice_chunks, stride_x, stride_y, flags);
-        __syncthreads();  // the staged x of this tile is read before the next tile's is written
-    }
+    tile_gemm<MT, WARPS, UNROLL, OUT_F32, GROUPED, QUANT>(
+        wq + e * w_expert, ws + e * w_expert, x + row0 * stride_x, sw + (size_t)e * stride_swe,
+        (flags & 4) ? sx + row0 : sx, static_cast<char*>(y) + row0 * stride_y * (OUT_F32 ? 4 : 2),
+        part + (size_t)z * MT * 8 * N * gridDim.y, tickets + z * gridDim.x,
+        (int)min((long long)(MT * 8), offs[e + 1] - row0), N, chunks, slice_chunks, stride_x, stride_y, flags);
 }

@@ -42,7 +42,9 @@ SOURCE = Path(__file__).with_name("decode_mma.cu")
 # warps: 16-row tiles of N a block; unroll: 64-column chunks whose loads a warp has in flight together (512 bytes
 # each); max_slice: chunks a K slice at most (x's slice in shared memory <= 33 KB at 16 rows); blocks_per_sm: what
 # split-K aims for. `bench kernels --only decode --sweep` times other values.
-CONFIG = dict(warps=4, unroll=8, max_slice=16, blocks_per_sm=4)
+CONFIG = dict(warps=4, unroll=4, max_slice=16, blocks_per_sm=4)
+# the fused quantizer at 9-16 rows: every block quantizes its x slice, so fewer, wider blocks (the sweep's best there)
+WIDE_QUANT = dict(warps=8, unroll=8, blocks_per_sm=2)
 MAX_ROWS = 16
 
 _OFF = [False]  # `off()`: the Triton kernel for every call (benches time both in one process)
@@ -177,14 +179,16 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
         sx, quant = (sw if x_scale is None else x_scale.float().reshape(-1).contiguous()), 0
     flags = int(sw.shape[-1] > 1) | (2 if x_scale is not None else 0) | (4 if sx.numel() > 1 or quant else 0)
     cfg = dict(CONFIG, **(config or {}))
-    col_blocks = -(-n // (16 * cfg["warps"]))
-    if grouped:  # tiles: the schedule's upper bound; a tile has >= 1 row, so at most m of them are not empty
+    if grouped:  # tiles: the schedule's upper bound (those past its num_tiles exit)
         (tile_expert, tile_row, num_tiles, tiles), offs = grouped
-        mt, rows, programs = 2, 16 * tiles, min(tiles, m)
+        mt, rows = 2, 16 * tiles
     else:
-        mt, tiles, rows, programs = (1 if m <= 8 else 2), 1, m, 1
+        mt, tiles, rows = (1 if m <= 8 else 2), 1, m
         tile_expert = tile_row = offs = num_tiles = sw
-    slices, per = split_k(n, k, x.device, cfg, programs)
+    if quant and mt == 2 and not grouped and not config:  # 9-16 rows to quantize: fewer, wider blocks quantize them fewer times
+        cfg.update(WIDE_QUANT)
+    col_blocks = -(-n // (16 * cfg["warps"]))
+    slices, per = split_k(n, k, x.device, cfg, tiles)
     part = torch.empty(slices * rows * n if slices > 1 else 1, dtype=torch.float32, device=x.device)
     tickets = _tickets(x.device, col_blocks * tiles)
     smem = mt * 8 * (per * 8 + 1) * 16
