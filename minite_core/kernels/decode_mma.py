@@ -193,7 +193,7 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
     tickets = _tickets(x.device, col_blocks * tiles)
     smem = mt * 8 * (per * 8 + 1) * 16
     _kernel(mt, cfg["warps"], cfg["unroll"], out_dtype == torch.float32, grouped is not None, quant)(
-        grid=(col_blocks, slices, programs), block=(32 * cfg["warps"], 1, 1), shared_mem=smem,
+        grid=(col_blocks, slices, tiles), block=(32 * cfg["warps"], 1, 1), shared_mem=smem,
         args=[wq, ws, x, sw, sx, y, part, tickets, tile_expert, tile_row, offs, num_tiles, m, n, k // 64, per,
               x.stride(0), y.stride(0), stride_swe, flags])
     return y
