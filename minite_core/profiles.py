@@ -119,9 +119,10 @@ class Profile:
     # Forward NVFP4 GEMMs on the fast (Triton) path — a sampler's prefill and decode steps. "cached-bf16": the
     # weight's exact bf16 copy e2m1(q)·sf is cached once per optimizer step and read by the bf16 tensor-core GEMM
     # (cuBLAS dense, kernels.grouped for experts): the learner's GEMMs. "packed": the GEMM reads the packed codes +
-    # E4M3 scales and dequantizes in its main loop (kernels/decode.py: 0.5625 B per weight instead of 2; W4A4
-    # with the activation quantizer fused; experts in one grouped launch). Same values, another fp32
-    # accumulation order (fixed K chunks; not cuBLAS's), so it is a knob of its own whose effect on k3 the
+    # E4M3 scales and dequantizes in its main loop (0.5625 B per weight instead of 2; W4A4 with the activation
+    # quantizer fused; experts in one grouped launch): up to 16 rows the tensor-core kernel on weights stored in
+    # the MMA's fragment order (kernels/decode_mma.py, sm_80+), above that kernels/decode.py. Same values, another
+    # fp32 accumulation order (fixed K chunks; not cuBLAS's), so it is a knob of its own whose effect on k3 the
     # diagnostics measure (pair a profile with its "-packed" variant). On the CPU reference path both read the
     # packed weight and are one computation; without NVFP4 weights (bf16, boundary layers) the knob has no effect.
     # Default "cached-bf16": every registered profile keeps its numerics.

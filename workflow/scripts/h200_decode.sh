@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode part of the H200 run in one <= 10-minute call of the GPU machine: the packed decode GEMM's `gpu`
+# The decode part of the H200 run in one <= 10-minute call of the GPU machine: the packed decode GEMMs' `gpu`
 # tests, `minite bench kernels --only decode` (SWEEP=1: the tile / split-K sweep too) and `minite bench sampler`
 # on the weight-bound shape with the plain-PyTorch baseline and a kernel profile of one decode step. Writes under
 # $OUT: decode-kernels.json, sampler-wb.json and decode.tgz (logs, CSV). SAMPLER_ARGS adds arguments.
@@ -7,7 +7,7 @@ set -uo pipefail
 . "$(dirname "$0")/h200_common.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/env.txt" 2>&1
 echo "== gpu tests (decode)"
-timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 ${TESTS:-tests/test_packed_decode.py} \
+timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 ${TESTS:-tests/test_packed_decode.py tests/test_decode_mma.py} \
     > "$OUT/decode-tests.log" 2>&1
 echo "pytest exit $?"; tail -4 "$OUT/decode-tests.log"
 echo "== bench kernels --only decode"
