@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 import os
 import socket
 import subprocess
@@ -287,6 +288,34 @@ def test_sharded_resume_is_exact(tmp_path, one_thread):
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step-1"]
+
+
+def test_a_damaged_sharded_checkpoint_stops_every_rank_naming_the_file(tmp_path, one_thread):
+    """One byte of one rank's shard changed after the save: the resume stops on every rank before loading, with
+    DamagedState naming the file (the rank that hashed it) — no rank waits in DCP's collectives."""
+    ckpt = tmp_path / "ckpt"
+    mp.spawn(_resume_worker, args=(WORLD, _free_port(), "minite", str(ckpt), "straight", str(tmp_path / "s.pt")),
+             nprocs=WORLD)
+    shard = sorted((ckpt / "step-1").glob("*.distcp"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(Exception, match=rf"damaged: .*{shard.name} does not match the sha256"):
+        mp.spawn(_resume_worker, args=(WORLD, _free_port(), "minite", str(ckpt), "resume", str(tmp_path / "r.pt")),
+                 nprocs=WORLD)
+
+
+def test_sharded_checkpoint_files_are_checked_before_loading(tmp_path):
+    from minite_core.runs.sharded_state import verify_files
+    from minite_core.runs.state import DamagedState
+
+    (tmp_path / "a").write_bytes(b"weights")
+    verify_files(tmp_path, {"a": hashlib.sha256(b"weights").hexdigest()})
+    verify_files(tmp_path, None)  # a checkpoint written without checksums
+    with pytest.raises(DamagedState, match=r"damaged: a does not match"):
+        verify_files(tmp_path, {"a": hashlib.sha256(b"other").hexdigest()})
+    with pytest.raises(DamagedState, match=r"damaged: b \(missing\)"):
+        verify_files(tmp_path, {"b": "0" * 64})
 
 
 def test_sharded_resume_refuses_a_missing_checkpoint(tmp_path):
