@@ -145,14 +145,36 @@ def test_gpu_equals_the_reference(m, n, k):
         for act, amax in ((Quant(scale_mode="row"), None), (Quant(), None), (Quant(math="fast", static=True),
                                                                             torch.tensor(2.5, device="cuda"))):
             _, dq = dispatch.quantize_dq(x, act, amax=amax, check=False)  # the quantizer on its own
-            y_fused = decode_mma.packed_gemm_mma(x, w, act=act, amax=amax, out_dtype=torch.float32)
-            assert torch.equal(y_fused, decode_mma.packed_gemm_mma(dq.values_bf16, w, x_scale=dq.global_scale,
-                                                                   out_dtype=torch.float32)), (scale_mode, act)
+            for cfg in ({"rows_quant_min": 99}, {"rows_quant_min": 1}):  # fused / `quantize_rows` then the kernel
+                y_fused = decode_mma.packed_gemm_mma(x, w, act=act, amax=amax, out_dtype=torch.float32, config=cfg)
+                y_sep = decode_mma.packed_gemm_mma(dq.values_bf16, w, x_scale=dq.global_scale,
+                                                   out_dtype=torch.float32, config=cfg)
+                assert torch.equal(y_fused, y_sep), (scale_mode, act, cfg)
+            if act.scale_mode == "row" or amax is not None:
+                xq, s_dec = decode_mma.quantize_rows(x, act, amax)
+                assert torch.equal(xq.view(torch.int16), dq.values_bf16.view(torch.int16))
+                assert torch.equal(s_dec, dq.global_scale.expand(m, 1))
         y = decode_mma.packed_gemm_mma(x, w, out_dtype=torch.float32)
         y_ref = ref64(x, w)
         assert ((y.double() - y_ref).norm() / y_ref.norm()).item() < REL_TOL, scale_mode
         y16 = decode_mma.packed_gemm_mma(x, w)  # bf16 out: the fp32 result rounded once
         assert torch.equal(y16, y.to(torch.bfloat16))
+
+
+@gpu
+def test_gpu_quantize_rows_passes_nan_and_zero_rows_as_the_quantizer_does():
+    from minite_core.kernels import dispatch
+    from minite_core.profiles import Quant
+
+    x = torch.randn(12, 2048, device="cuda", dtype=torch.bfloat16)
+    x[3] = 0.0
+    x[5, 17] = float("nan")
+    x[7, 100] = float("inf")
+    act = Quant(scale_mode="row")
+    _, dq = dispatch.quantize_dq(x, act, check=False)
+    xq, s_dec = decode_mma.quantize_rows(x, act)
+    assert torch.equal(xq.view(torch.int16), dq.values_bf16.view(torch.int16))
+    assert torch.equal(s_dec.nan_to_num(-1.0), dq.global_scale.nan_to_num(-1.0))
 
 
 @gpu

@@ -19,15 +19,11 @@ MMA_SWEEP = [dict(warps=w, unroll=u, blocks_per_sm=b) for w, u, b in
              ((4, 4, 4), (4, 16, 4), (8, 8, 2), (8, 8, 4), (4, 8, 2), (4, 8, 8), (2, 8, 8), (8, 4, 8))]
 
 
-def _mma_call(x, q, act, cfg, separate=False, out_dtype=torch.bfloat16):
-    """The tensor-core decode GEMM: W4A16; W4A4 with the quantizer fused (its row-amax launch first) or, separate,
-    the quantizer's own launches and the kernel on x̂."""
-    from minite_core.kernels import decode_mma, dispatch
+def _mma_call(x, q, act, cfg, out_dtype=torch.bfloat16):
+    """The tensor-core decode GEMM as the sampler calls it: W4A16, or W4A4 quantizing x (fused or `quantize_rows`,
+    by CONFIG's rows_quant_min)."""
+    from minite_core.kernels import decode_mma
 
-    if separate:
-        _, dq = dispatch.quantize_dq(x, act, check=False)
-        return decode_mma.packed_gemm_mma(dq.values_bf16, q, x_scale=dq.global_scale, out_dtype=out_dtype,
-                                          config=cfg)
     return decode_mma.packed_gemm_mma(x, q, act=act, out_dtype=out_dtype, config=cfg)
 
 
@@ -75,11 +71,13 @@ def bench_decode(rec, reps=20, sweep=False):
             _guard(rec, "decode-packed", shape, run)
 
             def run_mma(cfg=None, label=""):  # the tensor-core kernel (kernels/decode_mma.py), as the sampler calls it
-                # w4a4: the quantizer fused (staged x quantized by every block); w4a4-quantizer: the quantizer's own
-                # launches (dispatch.quantize_dq), then the kernel on x̂ — which one the dispatch runs is chosen here
-                for name, act in (("w4a16", None), ("w4a4", row_act), ("w4a4-quantizer", row_act)):
-                    f = lambda q, act=act, sep=name.endswith("quantizer"), **kw: _mma_call(  # noqa: E731
-                        x, q, act, cfg, separate=sep, **kw)
+                # w4a4: as the dispatch runs it (fused quantizer below CONFIG's rows_quant_min rows, else
+                # `quantize_rows` then the kernel); -fused / -rows: each way at every M (the rule is chosen here)
+                variants = (("w4a16", None, cfg), ("w4a4", row_act, cfg),
+                            ("w4a4-fused", row_act, dict(cfg or {}, rows_quant_min=99)),
+                            ("w4a4-rows", row_act, dict(cfg or {}, rows_quant_min=1)))
+                for name, act, c in variants if cfg is None else variants[:2]:
+                    f = lambda q, act=act, c=c, **kw: _mma_call(x, q, act, c, **kw)  # noqa: E731
                     y = f(qw[0], out_dtype=torch.float32)
                     w64 = ref.dequantize_unscaled(qw[0]).double().t() * qw[0].global_scale.double().reshape(1, -1)
                     if act is None:

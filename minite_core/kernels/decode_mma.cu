@@ -315,3 +315,59 @@ __global__ void __launch_bounds__(WARPS * 32) nvfp4_decode_mma(
         part + (size_t)z * MT * 8 * N * gridDim.y, tickets + z * gridDim.x,
         (int)min((long long)(MT * 8), offs[e + 1] - row0), N, chunks, slice_chunks, stride_x, stride_y, flags);
 }
+
+// The activation quantizer on its own for a few rows (the decode GEMM's x̂ at 9-16 rows, where the fused one would be
+// repeated by every block): one block a row. MODE 0: the row's amax (max |x|, NaN if any element is NaN) computed
+// here; 1: one given amax (amax[0]); 2: one given amax a row. Writes x̂ = e2m1(q)·sf (bf16, [M, K] contiguous) and the
+// row's S_dec — what the quantizer (kernels/quantize.py) emits for the same row and amax, bit for bit.
+template <bool FAST, int MODE>
+__global__ void __launch_bounds__(256) nvfp4_quantize_rows(const u16* __restrict__ x, const float* __restrict__ amax,
+                                                         u16* __restrict__ xq, float* __restrict__ s_dec_out, int K,
+                                                         int stride_x) {
+    const int r = blockIdx.x;
+    const U4* row = reinterpret_cast<const U4*>(x + (size_t)r * stride_x);
+    U4* out = reinterpret_cast<U4*>(xq + (size_t)r * K);
+    __shared__ float warp_max[8];
+    __shared__ float row_amax;
+    if (MODE == 0) {
+        float m = 0.0f;
+        bool nan = false;
+        for (int i = threadIdx.x; i < K / 8; i += 256) {
+            const U4 v = row[i];
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float a = bf16_lo(w[j]), b = bf16_hi(w[j]);
+                m = fmaxf(m, fmaxf(fabsf(a), fabsf(b)));
+                nan |= (a != a) | (b != b);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+        nan = __syncthreads_or(nan);
+        if (threadIdx.x == 0) {
+            float a = warp_max[0];
+            for (int i = 1; i < 8; ++i) a = fmaxf(a, warp_max[i]);
+            row_amax = nan ? __int_as_float(0x7fffffff) : a;
+        }
+        __syncthreads();
+    }
+    const float a = MODE == 0 ? row_amax : (MODE == 1 ? amax[0] : amax[r]);
+    const float s_enc = global_s_enc(a), s_dec = __fdiv_rn(1.0f, s_enc);
+    if (threadIdx.x == 0) s_dec_out[r] = s_dec;
+    for (int b = threadIdx.x; b < K / 16; b += 256) {
+        const U4 p = row[2 * b], q = row[2 * b + 1];
+        const u32 w[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        float v[16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            v[2 * j] = bf16_lo(w[j]);
+            v[2 * j + 1] = bf16_hi(w[j]);
+        }
+        u32 o[8];
+        quantize_block<FAST>(v, s_enc, s_dec, o);
+        out[2 * b] = {o[0], o[1], o[2], o[3]};
+        out[2 * b + 1] = {o[4], o[5], o[6], o[7]};
+    }
+}

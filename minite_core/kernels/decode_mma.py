@@ -42,7 +42,9 @@ SOURCE = Path(__file__).with_name("decode_mma.cu")
 # warps: 16-row tiles of N a block; unroll: 64-column chunks whose loads a warp has in flight together (512 bytes
 # each); max_slice: chunks a K slice at most (x's slice in shared memory <= 33 KB at 16 rows); blocks_per_sm: what
 # split-K aims for. `bench kernels --only decode --sweep` times other values.
-CONFIG = dict(warps=4, unroll=4, max_slice=16, blocks_per_sm=4)
+# rows_quant_min: from this many rows a per-row or static-scale W4A4 quantizes x once (`quantize_rows`, one launch)
+# and the kernel reads x̂ — the fused quantizer repeats that work in every block (results/h200/bench/NOTES.md row 27).
+CONFIG = dict(warps=4, unroll=4, max_slice=16, blocks_per_sm=4, rows_quant_min=9)
 # the fused quantizer at 9-16 rows: every block quantizes its x slice, so fewer, wider blocks (the sweep's best there)
 WIDE_QUANT = dict(warps=8, unroll=8, blocks_per_sm=2)
 MAX_ROWS = 16
@@ -105,15 +107,18 @@ def _layout(w):
 
 
 def _kernel(mt: int, warps: int, unroll: int, out_f32: bool, grouped: bool, quant: int):
-    key = (mt, warps, unroll, out_f32, grouped, quant)
-    if key not in _KERNELS:
-        b = {True: "true", False: "false"}
-        name = f"nvfp4_decode_mma<{mt}, {warps}, {unroll}, {b[out_f32]}, {b[grouped]}, {quant}>"
+    b = {True: "true", False: "false"}
+    return _compiled(f"nvfp4_decode_mma<{mt}, {warps}, {unroll}, {b[out_f32]}, {b[grouped]}, {quant}>")
+
+
+def _compiled(name: str):
+    """The kernel `name` (a template instance of decode_mma.cu), built by NVRTC once a process."""
+    if name not in _KERNELS:
         try:
-            _KERNELS[key] = torch.cuda._compile_kernel(SOURCE.read_text(), name, nvcc_options=["-std=c++17"])
-        except Exception as e:  # noqa: BLE001 - one line naming the cause, the caller falls back
+            _KERNELS[name] = torch.cuda._compile_kernel(SOURCE.read_text(), name, nvcc_options=["-std=c++17"])
+        except Exception as e:  # noqa: BLE001 - one line naming the cause
             raise RuntimeError(f"mma decode GEMM: NVRTC could not build {name}: {str(e).splitlines()[0]}") from e
-    return _KERNELS[key]
+    return _KERNELS[name]
 
 
 def split_k(n: int, k: int, device, cfg: dict, tiles: int = 1) -> tuple[int, int]:
@@ -161,11 +166,34 @@ def grouped_packed_gemm_mma(x: torch.Tensor, w, offs: torch.Tensor, schedule, *,
                    out_dtype, config)
 
 
+def quantize_rows(x: torch.Tensor, act, amax=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (bf16, a few rows) -> (x̂ bf16 [M, K], S_dec [M, 1]) in one launch, one block a row: the quantizer's codes
+    times their scales, bitwise (tests/test_decode_mma.py). act: 1x16 RNE blocks, per-row dynamic scales or a static
+    amax (`amax`); a per-tensor dynamic amax is the fused path's."""
+    m, k = x.shape
+    mode = 2 if amax is not None and amax.numel() > 1 else 1 if amax is not None else 0
+    if mode == 0 and act.scale_mode != "row":
+        raise ValueError("quantize_rows: a per-tensor dynamic amax couples the rows; use the fused quantizer")
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.contiguous()
+    xq = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
+    s_dec = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    a = s_dec if amax is None else amax.float().reshape(-1).contiguous()
+    name = f"nvfp4_quantize_rows<{'true' if act.math == 'fast' else 'false'}, {mode}>"
+    _compiled(name)(grid=(m, 1, 1), block=(256, 1, 1), args=[x, a, xq, s_dec, k, x.stride(0)])
+    return xq, s_dec
+
+
 def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtype, config):
     from minite_core.kernels.decode import _tickets, act_amax
 
     if act is not None and x.dtype != torch.bfloat16:
         raise ValueError(f"the mma kernel's fused quantizer reads bf16 activations, got {x.dtype}")
+    cfg = dict(CONFIG, **(config or {}))
+    if (act is not None and not grouped and m >= cfg["rows_quant_min"]
+            and (act.scale_mode == "row" or amax is not None)):  # x̂ once, not once a block (CONFIG)
+        x, x_scale = quantize_rows(x, act, amax)
+        act = amax = None
     x = x.to(torch.bfloat16)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
@@ -178,14 +206,13 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
     else:
         sx, quant = (sw if x_scale is None else x_scale.float().reshape(-1).contiguous()), 0
     flags = int(sw.shape[-1] > 1) | (2 if x_scale is not None else 0) | (4 if sx.numel() > 1 or quant else 0)
-    cfg = dict(CONFIG, **(config or {}))
     if grouped:  # tiles: the schedule's upper bound (those past its num_tiles exit)
         (tile_expert, tile_row, num_tiles, tiles), offs = grouped
         mt, rows = 2, 16 * tiles
     else:
         mt, tiles, rows = (1 if m <= 8 else 2), 1, m
         tile_expert = tile_row = offs = num_tiles = sw
-    if quant and mt == 2 and not grouped and not config:  # 9-16 rows to quantize: fewer, wider blocks quantize them fewer times
+    if quant and mt == 2 and not grouped and "warps" not in (config or {}):  # 9-16 rows fused: fewer, wider blocks
         cfg.update(WIDE_QUANT)
     col_blocks = -(-n // (16 * cfg["warps"]))
     slices, per = split_k(n, k, x.device, cfg, tiles)
