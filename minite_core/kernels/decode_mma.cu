@@ -94,7 +94,7 @@ __device__ __forceinline__ float e2m1_rne(float v) {  // v -> its E2M1 value, si
     const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);  // a / step, exactly: a power-of-two step
     const float r = __fsub_rn(__fadd_rn(__fmul_rn(a, inv), 8388608.0f), 8388608.0f);
     const float q = __fmul_rn(r, step);
-    return v < 0.0f ? -q : q;
+    return v < 0.0f ? __fsub_rn(0.0f, q) : q;  // Triton's negation (0 - q): a zero stays +0, as the quantizer's x̂
 }
 
 // 16 values of one block (fp32) -> x̂ as 8 bf16x2 words; s_enc / s_dec = the row's global scales
