@@ -43,8 +43,9 @@ SOURCE = Path(__file__).with_name("decode_mma.cu")
 # each); max_slice: chunks a K slice at most (x's slice in shared memory <= 33 KB at 16 rows); blocks_per_sm: what
 # split-K aims for. `bench kernels --only decode --sweep` times other values.
 # rows_quant_min: from this many rows a per-row or static-scale W4A4 quantizes x once (`quantize_rows`, one launch)
-# and the kernel reads x̂ — the fused quantizer repeats that work in every block (results/h200/bench/NOTES.md row 27).
-CONFIG = dict(warps=4, unroll=4, max_slice=16, blocks_per_sm=4, rows_quant_min=9)
+# and the kernel reads x̂ — the fused quantizer repeats that work in every block: as fast at one row, faster from 4
+# (results/h200/bench/NOTES.md row 27).
+CONFIG = dict(warps=4, unroll=4, max_slice=16, blocks_per_sm=4, rows_quant_min=2)
 # the fused quantizer at 9-16 rows: every block quantizes its x slice, so fewer, wider blocks (the sweep's best there)
 WIDE_QUANT = dict(warps=8, unroll=8, blocks_per_sm=2)
 MAX_ROWS = 16
