@@ -7,7 +7,9 @@ and why (kernels.dispatch's own availability checks), and how each registered pr
 - exact on bf16 tensor cores: the NVFP4 values dequantized to bf16 (exact: e2m1 x e4m3 fits bf16), fp32
   accumulation — Hopper and older have no FP4 tensor cores;
 - reference: plain torch (CPU), the same numbers up to fp32 summation order;
-- `te:<recipe>` learner profiles: whether Transformer Engine is installed here.
+- `te:<recipe>` learner profiles: whether Transformer Engine is installed here;
+and which kernel the `-packed` sampler profiles' decode GEMMs run (on a GPU it builds the tensor-core decode
+kernel once with NVRTC to say so).
 Exit status 0 always: a missing optional package is information, not an error.
 """
 from __future__ import annotations
@@ -68,6 +70,23 @@ def backend_report() -> tuple[str, dict[str, str]]:
     return picked, reasons
 
 
+def packed_decode_report() -> str:
+    """What the `-packed` profiles' decode GEMMs run here up to 16 rows (kernels/decode_mma.py, built by NVRTC)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "the reference (no CUDA GPU)"
+    if torch.cuda.get_device_capability() < (8, 0):
+        return "the Triton packed kernel (the tensor-core kernel needs sm_80+)"
+    from minite_core.kernels import decode_mma
+
+    try:
+        decode_mma._compiled("nvfp4_quantize_rows<false, 0>")
+    except RuntimeError as e:  # the decode GEMM raises the same at its first call
+        return f"none: {e}"
+    return "the tensor-core kernel (kernels/decode_mma.py; NVRTC builds it: ok)"
+
+
 def profile_execution(profile, backend: str, capability: str | None) -> str:
     """How this profile's GEMMs execute on this machine (module docstring)."""
     if not profile.quantized:
@@ -93,6 +112,7 @@ def report() -> str:
     backend, reasons = backend_report()
     lines += [f"Kernel backend (`auto`, or $MINITE_KERNELS when set): {backend}"]
     lines += [f"  {name:10s} {why}" for name, why in reasons.items()]
+    lines += [f"Packed decode GEMM (`-packed` profiles, <= 16 rows): {packed_decode_report()}"]
     lines += ["", "Profiles (what their GEMMs execute here):"]
     lines += [f"  {name:26s} {profile_execution(p, backend, g['capability'])}" for name, p in sorted(PROFILES.items())]
     lines += [f"  {'te:<recipe>':26s} " + ("real Transformer Engine" if _version("transformer_engine") else

@@ -17,6 +17,7 @@ def test_doctor_screen_on_cpu(capsys):
     for name in PROFILES:
         assert f"  {name} " in out
     assert "reference (plain torch: exact NVFP4 codes, fp32 GEMM)" in out
+    assert "Packed decode GEMM (`-packed` profiles, <= 16 rows): the reference (no CUDA GPU)" in out
 
 
 def test_missing_package_gets_its_install_line(monkeypatch):
