@@ -32,7 +32,8 @@ def bench_decode(rec, reps=20, sweep=False):
     captured in one CUDA graph cycling over > 4x L2 of its own weight bytes; bandwidth = weight bytes read / time
     against the D2D copy bandwidth of this run. W4A16 (x bf16) and W4A4 with the fused per-token quantizer (the
     sampler's minite-packed path above 16 rows), the tensor-core kernel (`decode-*-mma`, kernels/decode_mma.py: the
-    sampler's path up to 16 rows; its W4A4 rows include the row-amax launch), then the MoE experts' grouped packed GEMM at decode against torch._grouped_mm."""
+    sampler's path up to 16 rows; its W4A4 rows include the quantizer's launch, fused and `quantize_rows` both
+    timed), then the MoE experts' grouped packed GEMM at decode against torch._grouped_mm."""
     from minite_core.bench.timing import copy_bandwidth
     from minite_core.kernels.decode import decode_config, packed_gemm_triton
     from minite_core.kernels.quantize import quantize_triton

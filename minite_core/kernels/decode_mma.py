@@ -15,8 +15,8 @@ e2m1 · 2^-126 (0.5 as a subnormal), one bf16x2 multiply by sf · 2^119 gives ŵ
 most 5 significant bits, and |ŵ| >= 2^-10) — and the epilogue multiplies 2^7 back, exactly. About 2.5 integer
 instructions a weight.
 
-Work split: a block of `warps` warps takes as many 16-row tiles of N and one K slice; x's slice sits in shared memory for
-the block. Split-K (grid.y) as in the Triton kernel: fp32 partials, and the last block of a column (an atomic ticket)
+Work split: a block of `warps` warps takes as many 16-row tiles of N and one K slice; x's slice sits in shared memory
+for the block. Split-K (grid.y) as in the Triton kernel: fp32 partials, and the last block of a column (an atomic ticket)
 adds them in ascending slice order — deterministic, one launch, capturable in a CUDA graph.
 
 Numerics: the values of the reference (bf16 products of exact operands, fp32 accumulation); the accumulation order
@@ -24,8 +24,12 @@ is the MMA's within a k-step and ascending k-steps, chunks and slices otherwise 
 profiles' `decode_gemm: "packed"` names both (profiles.py). A row's result does not depend on the other rows of the
 call (each x row is its own MMA column), nor on M.
 
-Where it runs: `supported` (CUDA, sm_80+, W4A16 or an already-quantized x, M <= 16, K % 64 == 0, N % 16 == 0,
-x rows 16-byte aligned); kernels/gemm_ops.py falls back to the Triton kernel otherwise.
+Activations: bf16 x as given (W4A16, or W4A4 on an already-quantized x̂ with its S_dec), or W4A4 with x quantized
+here — in the kernel while x is staged (one row), or once by `quantize_rows` (from CONFIG's rows_quant_min rows), both
+the quantizer's bits.
+
+Where it runs: `supported` / `grouped_supported` (CUDA, sm_80+, M <= 16 or the MoE layout's 16-row tiles, K % 64 == 0,
+N % 16 == 0); kernels/gemm_ops.py sends every other call to the Triton kernel.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ SOURCE = Path(__file__).with_name("decode_mma.cu")
 # split-K aims for. `bench kernels --only decode --sweep` times other values.
 # rows_quant_min: from this many rows a per-row or static-scale W4A4 quantizes x once (`quantize_rows`, one launch)
 # and the kernel reads x̂ — the fused quantizer repeats that work in every block: as fast at one row, faster from 4
-# (results/h200/bench/NOTES.md row 27).
+# (results/h200/bench/NOTES.md row 28).
 CONFIG = dict(warps=4, unroll=4, max_slice=16, blocks_per_sm=4, rows_quant_min=2)
 # the fused quantizer at 9-16 rows: every block quantizes its x slice, so fewer, wider blocks (the sweep's best there)
 WIDE_QUANT = dict(warps=8, unroll=8, blocks_per_sm=2)
