@@ -87,7 +87,7 @@ def test_split_k_covers_k_and_keeps_slices_small():
         assert per <= decode_mma.CONFIG["max_slice"] and (slices - 1) * per < chunks <= slices * per, (n, k)
 
 
-def test_the_dispatch_leaves_cpu_and_large_batches_to_the_other_kernels():
+def test_the_dispatch_leaves_cpu_tensors_to_the_other_kernels():
     w = _weight(32, 128, 1)
     assert not decode_mma.supported(torch.zeros(4, 128), w)  # CPU tensor
 

@@ -19,14 +19,6 @@ MMA_SWEEP = [dict(warps=w, unroll=u, blocks_per_sm=b) for w, u, b in
              ((4, 4, 4), (4, 16, 4), (8, 8, 2), (8, 8, 4), (4, 8, 2), (4, 8, 8), (2, 8, 8), (8, 4, 8))]
 
 
-def _mma_call(x, q, act, cfg, out_dtype=torch.bfloat16):
-    """The tensor-core decode GEMM as the sampler calls it: W4A16, or W4A4 quantizing x (fused or `quantize_rows`,
-    by CONFIG's rows_quant_min)."""
-    from minite_core.kernels import decode_mma
-
-    return decode_mma.packed_gemm_mma(x, q, act=act, out_dtype=out_dtype, config=cfg)
-
-
 def bench_decode(rec, reps=20, sweep=False):
     """Packed-weight decode GEMMs (kernels/decode.py) against cuBLAS bf16 F.linear on the same shapes, each
     captured in one CUDA graph cycling over > 4x L2 of its own weight bytes; bandwidth = weight bytes read / time
@@ -78,7 +70,8 @@ def bench_decode(rec, reps=20, sweep=False):
                             ("w4a4-fused", row_act, dict(cfg or {}, rows_quant_min=99)),
                             ("w4a4-rows", row_act, dict(cfg or {}, rows_quant_min=1)))
                 for name, act, c in variants if cfg is None else variants[:2]:
-                    f = lambda q, act=act, c=c, **kw: _mma_call(x, q, act, c, **kw)  # noqa: E731
+                    f = lambda q, act=act, c=c, **kw: decode_mma.packed_gemm_mma(  # noqa: E731
+                        x, q, act=act, config=c, **kw)
                     y = f(qw[0], out_dtype=torch.float32)
                     w64 = ref.dequantize_unscaled(qw[0]).double().t() * qw[0].global_scale.double().reshape(1, -1)
                     if act is None:

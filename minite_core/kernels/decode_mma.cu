@@ -97,11 +97,22 @@ __device__ __forceinline__ float e2m1_rne(float v) {  // v -> its E2M1 value, si
     return v < 0.0f ? __fsub_rn(0.0f, q) : q;  // Triton's negation (0 - q): a zero stays +0, as the quantizer's x̂
 }
 
-// 16 values of one block (fp32) -> x̂ as 8 bf16x2 words; s_enc / s_dec = the row's global scales
+__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// One 16-column block of x (bf16, two 16-byte words in `in`) -> x̂ (bf16, two words in `out`); s_enc / s_dec = the
+// row's global scales
 template <bool FAST>
-__device__ __forceinline__ void quantize_block(const float (&v)[16], float s_enc, float s_dec, u32 (&out)[8]) {
+__device__ __forceinline__ void quantize_block(const U4* in, float s_enc, float s_dec, U4* out) {
+    const u32 w[8] = {in[0].x, in[0].y, in[0].z, in[0].w, in[1].x, in[1].y, in[1].z, in[1].w};
+    float v[16];
     float bamax = 0.0f;
     bool nan = false;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        v[2 * i] = bf16_lo(w[i]);
+        v[2 * i + 1] = bf16_hi(w[i]);
+    }
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         bamax = fmaxf(bamax, fabsf(v[i]));
@@ -114,16 +125,16 @@ __device__ __forceinline__ void quantize_block(const float (&v)[16], float s_enc
     if (!(bamax <= FLT_MAX_ && s_enc <= FLT_MAX_)) sf = __int_as_float(0x7fffffff);
     const float enc_raw = __fdiv_rn(1.0f, __fmul_rn(sf, s_dec));
     const float enc = FAST ? (sf == 0.0f ? 0.0f : enc_raw) : fminf(enc_raw, FLT_MAX_);
+    u32 o[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const float lo = __fmul_rn(e2m1_rne(__fmul_rn(v[2 * i], enc)), sf);
         const float hi = __fmul_rn(e2m1_rne(__fmul_rn(v[2 * i + 1], enc)), sf);
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out[i]) : "f"(hi), "f"(lo));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[i]) : "f"(hi), "f"(lo));
     }
+    out[0] = {o[0], o[1], o[2], o[3]};
+    out[1] = {o[4], o[5], o[6], o[7]};
 }
-
-__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xFFFF0000u); }
 
 // Epilogue of one output: acc * 2^7 (the dequantization's power of two), then * S_w (* S_x): the order of
 // kernels/decode.py's.
@@ -177,24 +188,14 @@ __device__ __forceinline__ void tile_gemm(
         __syncthreads();
         for (int i = threadIdx.x; i < MT * 8 * nc * 4; i += WARPS * 32) {  // one 16-column block a thread
             const int r = i / (nc * 4), b = i - r * (nc * 4);
-            U4 q[2] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+            U4* q = xs + r * row + 2 * b;
             if (r < M) {
-                const U4* p = reinterpret_cast<const U4*>(x + (size_t)r * stride_x + (size_t)c0 * 64 + b * 16);
-                const U4 a = p[0], c = p[1];
-                const u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-                float v[16];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    v[2 * j] = bf16_lo(w[j]);
-                    v[2 * j + 1] = bf16_hi(w[j]);
-                }
-                u32 o[8];
-                quantize_block<QUANT == 2>(v, s_row[0][r], s_row[1][r], o);
-                q[0] = {o[0], o[1], o[2], o[3]};
-                q[1] = {o[4], o[5], o[6], o[7]};
+                quantize_block<QUANT == 2>(
+                    reinterpret_cast<const U4*>(x + (size_t)r * stride_x + (size_t)c0 * 64 + b * 16),
+                    s_row[0][r], s_row[1][r], q);
+            } else {
+                q[0] = q[1] = {0u, 0u, 0u, 0u};
             }
-            xs[r * row + 2 * b] = q[0];
-            xs[r * row + 2 * b + 1] = q[1];
         }
     }
     __syncthreads();
@@ -356,18 +357,5 @@ __global__ void __launch_bounds__(256) nvfp4_quantize_rows(const u16* __restrict
     const float a = MODE == 0 ? row_amax : (MODE == 1 ? amax[0] : amax[r]);
     const float s_enc = global_s_enc(a), s_dec = __fdiv_rn(1.0f, s_enc);
     if (threadIdx.x == 0) s_dec_out[r] = s_dec;
-    for (int b = threadIdx.x; b < K / 16; b += 256) {
-        const U4 p = row[2 * b], q = row[2 * b + 1];
-        const u32 w[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-        float v[16];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            v[2 * j] = bf16_lo(w[j]);
-            v[2 * j + 1] = bf16_hi(w[j]);
-        }
-        u32 o[8];
-        quantize_block<FAST>(v, s_enc, s_dec, o);
-        out[2 * b] = {o[0], o[1], o[2], o[3]};
-        out[2 * b + 1] = {o[4], o[5], o[6], o[7]};
-    }
+    for (int b = threadIdx.x; b < K / 16; b += 256) quantize_block<FAST>(row + 2 * b, s_enc, s_dec, out + 2 * b);
 }
