@@ -242,3 +242,40 @@ def test_gpu_grouped_equals_the_per_expert_reference():
         with decode_mma.off():
             y_t = dispatch.grouped_decode_gemm(xr, packed, offs, act=act, amax=amax, out_dtype=torch.float32)
         assert ((y - y_t).norm() / y_t.norm()).item() < REL_TOL, act
+
+
+@gpu
+def test_gpu_grouped_decode_skips_the_filler():
+    """One token's routing (top-8 of 32 experts): Tp = 496 rows of which 128 are routed rows with their padding
+    and the rest the last expert's filler. With `MoELayout.live_rows` the packed kernels (mma and Triton) and the
+    bf16 _grouped_mm path compute the routed rows only and write the filler as zeros: the per-expert reference's
+    bits (few-bit operands: exact sums in any order)."""
+    from minite_core.kernels import dispatch
+    from minite_core.kernels.decode import grouped_packed_gemm_triton, grouped_packed_schedule
+    from minite_core.kernels.operands import PackedExperts
+    from minite_core.nn.experts import _GroupedMM
+    from minite_core.nn.moe_layout import moe_layout
+
+    E, N, K = 32, 64, 128
+    ws = [_weight(N, K, 40 + e, "cuda") for e in range(E)]
+    packed = PackedExperts(torch.stack([w.data for w in ws]), torch.stack([w.scale for w in ws]),
+                           torch.stack([w.global_scale for w in ws]))
+    top = torch.randperm(E, generator=torch.Generator().manual_seed(3))[:8].view(1, 8).cuda()
+    lay = moe_layout(top, E)
+    live, routed = lay.live_rows(), lay.dest.numel()
+    assert live.item() == 128 and lay.num_rows == 496
+    x = _few_bits(torch.randn(lay.num_rows, K, device="cuda")) * (lay.src < 1)[:, None]  # pad and filler rows zero
+    bounds = lay.offs.tolist()
+    y_ref = torch.cat([_exact_ref(x[s:t], ws[e]) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s])
+    schedule = dispatch.grouped_decode_schedule(lay.offs, lay.num_rows, live, routed)
+    assert schedule.max_tiles == 8 + 1  # ceil(8 / 16) + min(E, 8), not ceil(496 / 16) + E
+    y = decode_mma.grouped_packed_gemm_mma(x, packed, lay.offs, schedule, out_dtype=torch.float32)
+    assert torch.equal(y, y_ref)
+    sched_t = grouped_packed_schedule(lay.offs, lay.num_rows, E, live, routed)
+    assert torch.equal(grouped_packed_gemm_triton(x, packed, lay.offs, schedule=sched_t, out_dtype=torch.float32), y_ref)
+    w_bf16 = _few_bits(torch.randn(E, N, K, device="cuda"))
+    ends = lay.offs[1:].to(torch.int32)
+    live_ends = torch.cat([ends[:-1], live.to(torch.int32)])
+    y_bf = _GroupedMM.apply(x, w_bf16, w_bf16, ends, live_ends, lay.filler())
+    y_all = torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)
+    assert torch.equal(y_bf, y_all) and not y_bf[128:].any()

@@ -167,6 +167,25 @@ def test_grouped_gemm_triton_matches_reference():
 
 
 @cpu_kernels
+def test_grouped_gemm_skips_the_filler_bitwise():
+    """A schedule with `live` (MoELayout.live_rows) gives no tile to the last expert's filler rows and writes them
+    as zeros: the same bits as the schedule over all of Tp, whose tiles compute those zeros."""
+    ta, _, A, _ = _gemm_case(96, 8, 64)
+    rows = torch.arange(96, device=DEV)[:, None]
+    real = (rows < 10) | ((rows >= 16) & (rows < 36)) | ((rows >= 48) & (rows < 53))  # 10, 0, 20, 5 routed rows
+    A = DqOperand(A.values_bf16 * real, A.global_scale)  # the layout's pad and filler rows are zeros
+    _, W = _experts(24, 64, 4)
+    offs = torch.tensor([0, 16, 16, 48, 96], device=DEV)
+    live = torch.tensor([64], device=DEV)
+    cfg = None if CUDA else GG.SMALL
+    full = GG.grouped_gemm(A, W, offs, torch.float32, config=cfg)
+    sched = GG.grouped_schedule(offs, (cfg or GG.GROUPED_CONFIG)["BLOCK_M"], 96, live, routed=35)
+    assert sched.max_tiles < GG.grouped_schedule(offs, (cfg or GG.GROUPED_CONFIG)["BLOCK_M"], 96).max_tiles
+    y = GG.grouped_gemm(A, W, offs, torch.float32, config=cfg, schedule=sched)
+    assert torch.equal(y, full) and not y[64:].any()
+
+
+@cpu_kernels
 def test_kgrouped_gemm_matches_per_expert_reference():
     offs = torch.tensor([0, 32, 32, 48], device=DEV)  # expert 1 empty: its gradient is exactly zero
     a = _input(24, 48, torch.float32, seed=1)  # (N, Tp) along tokens

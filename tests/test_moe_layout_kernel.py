@@ -123,3 +123,19 @@ def test_gpu_layout_in_cuda_graph():
         top.copy_(_random(64, 2, 8, seed, skew=seed - 8.0))
         graph.replay()
         _check(lay, L.moe_layout_reference(top, 8), f"replay {seed}")
+
+
+def test_live_rows_are_the_routed_rows_with_their_padding():
+    """`MoELayout.live_rows` = sum_e round16(count_e) where the last expert's filler is most of Tp (decode), else
+    None; `filler` marks the rows past it."""
+    for name, top, e in _cases():
+        lay = L.moe_layout_reference(top, e)
+        counts = torch.bincount(top.reshape(-1), minlength=e)
+        live, n_k = lay.live_rows(), top.numel()
+        if 2 * n_k >= lay.num_rows:
+            assert live is None and lay.filler() is None, name
+            continue
+        assert live.tolist() == [int(((counts + 15) // 16 * 16).sum())], name
+        assert torch.equal(lay.filler()[:, 0], torch.arange(lay.num_rows) >= live), name
+        assert (lay.src[live.item():] == top.shape[0]).all(), f"{name}: a routed row past live_rows"
+    assert L.moe_layout_reference(_random(1, 8, 128, 1), 128).live_rows().item() == 128  # 8 experts x 16

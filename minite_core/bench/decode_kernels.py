@@ -105,7 +105,7 @@ def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
     layout, packed NVFP4 grouped GEMM (W4A16 and fused W4A4) vs torch._grouped_mm on bf16 expert weights; the
     bytes are those of the experts the batch touches."""
     from minite_core.kernels import decode_mma, dispatch
-    from minite_core.kernels.decode import grouped_packed_gemm_triton
+    from minite_core.kernels.decode import grouped_packed_gemm_triton, grouped_packed_schedule
     from minite_core.kernels.operands import PackedExperts
     from minite_core.kernels.quantize import quantize_triton
     from minite_core.nn.moe_layout import moe_layout
@@ -127,19 +127,31 @@ def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
             rows, offs, ends = layout.num_rows, layout.offs, layout.offs[1:].to(torch.int32)
             shape = f"T{tokens}x{topk} E{experts} N{n} K{k}"
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            t_bf16 = time_graph([lambda w=w: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends) for w in ws], reps)
+            # the filler rows past the routed ones (most of Tp at decode) are skipped and zero-filled, as the model
+            # runs them (MoELayout.live_rows); the "-all-rows" row times _grouped_mm over the whole layout
+            live, routed, filler = layout.live_rows(), layout.dest.numel(), layout.filler()
+            live_ends = ends if live is None else torch.cat([ends[:-1], live.to(torch.int32)])
+
+            def grouped_mm(w):
+                y = torch._grouped_mm(x, w.transpose(-2, -1), offs=live_ends)
+                return y if filler is None else y.masked_fill_(filler, 0)
+            t_bf16 = time_graph([lambda w=w: grouped_mm(w) for w in ws], reps)
             rec.add(f"decode-moe-{name}-bf16-grouped_mm", shape, t_bf16, touched_experts=touched,
                     gbps=touched * n * k * 2 / t_bf16[0] / 1e6)
+            t_all = time_graph([lambda w=w: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends) for w in ws], reps)
+            rec.add(f"decode-moe-{name}-bf16-grouped_mm-all-rows", shape, t_all, f"decode-moe-{name}-bf16-grouped_mm",
+                    t_bf16, rows=rows)
 
             def run():
+                sched = grouped_packed_schedule(offs, rows, experts, live, routed)
                 for label, act in (("w4a16", None), ("w4a4", Quant(scale_mode="row"))):
-                    t = time_graph([lambda p=p: grouped_packed_gemm_triton(x, p, offs, act=act) for p in packed],
-                                   reps)
+                    t = time_graph([lambda p=p: grouped_packed_gemm_triton(x, p, offs, act=act, schedule=sched)
+                                    for p in packed], reps)
                     rec.add(f"decode-moe-{name}-{label}-packed", shape, t, f"decode-moe-{name}-bf16-grouped_mm",
                             t_bf16, gbps=touched * n * k * 0.5625 / t[0] / 1e6)
 
             def run_mma():  # the tensor-core kernel as the sampler's MoE layer calls it (W4A4: quantizer + kernel)
-                sched = dispatch.grouped_decode_schedule(offs, rows)
+                sched = dispatch.grouped_decode_schedule(offs, rows, live, routed)
                 for label, act in (("w4a16", None), ("w4a4", Quant(scale_mode="row"))):
                     if not decode_mma.grouped_supported(x, packed[0]):
                         return

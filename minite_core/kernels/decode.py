@@ -49,6 +49,7 @@ import triton.language as tl
 
 from minite_core.formats import nvfp4 as ref
 from minite_core.kernels.gemm import INTERPRET, _dot
+from minite_core.kernels.grouped import grouped_output
 from minite_core.kernels.operands import PackedExperts
 from minite_core.kernels.quantize import _global_scales, quantize_dq_tile
 
@@ -331,12 +332,13 @@ def grouped_block_m(t_rows: int, experts: int) -> int:
     return 16 if t_rows <= 64 * experts else 64
 
 
-def grouped_packed_schedule(offs: torch.Tensor, t_rows: int, experts: int):
+def grouped_packed_schedule(offs: torch.Tensor, t_rows: int, experts: int, live: torch.Tensor | None = None,
+                            routed: int = 0):
     """The device-side tile schedule (kernels.grouped.grouped_schedule) at this kernel's row tile; build once per
-    MoE layer forward."""
+    MoE layer forward. live, routed: the filler past `MoELayout.live_rows` is skipped."""
     from minite_core.kernels.grouped import grouped_schedule
 
-    return grouped_schedule(offs, grouped_block_m(t_rows, experts), t_rows)
+    return grouped_schedule(offs, grouped_block_m(t_rows, experts), t_rows, live, routed)
 
 
 def grouped_packed_gemm_triton(x: torch.Tensor, w: PackedExperts, offs: torch.Tensor, *, act=None, amax=None,
@@ -347,14 +349,14 @@ def grouped_packed_gemm_triton(x: torch.Tensor, w: PackedExperts, offs: torch.Te
     t_rows, k = x.shape
     e, n = w.data.shape[0], w.data.shape[1]
     x = x.contiguous() if act is not None else x.to(torch.bfloat16).contiguous()
-    y = torch.empty(t_rows, n, dtype=out_dtype, device=x.device)
+    if schedule is None:
+        schedule = grouped_packed_schedule(offs, t_rows, e)
+    y = grouped_output(schedule, t_rows, n, out_dtype, x.device)
     if t_rows == 0:
         return y
     sw = w.s_dec.float().reshape(e, -1).contiguous()  # (E, 1) per expert tensor or (E, N) per row
     sx = act_amax(x, act, amax) if act is not None else sw
-    if schedule is None:
-        schedule = grouped_packed_schedule(offs, t_rows, e)
-    tile_expert, tile_row, num_tiles, max_tiles = schedule
+    tile_expert, tile_row, num_tiles, max_tiles, _ = schedule
     cfg = decode_config(max_tiles, n, k, x.device,
                         dict(config or {}, BLOCK_M=grouped_block_m(t_rows, e)))
     return _launch(x, w.data, w.scale.view(torch.uint8), y, sx, sw, (tile_expert, tile_row, offs, num_tiles),

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from minite_core.formats import nvfp4 as ref
+from minite_core.kernels.grouped import grouped_output
 
 SOURCE = Path(__file__).with_name("decode_mma.cu")
 # warps: 16-row tiles of N a block; unroll: 64-column chunks whose loads a warp has in flight together (512 bytes
@@ -202,7 +203,8 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
     x = x.to(torch.bfloat16)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
-    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    y = torch.empty(m, n, dtype=out_dtype, device=x.device) if not grouped else grouped_output(
+        grouped[0], m, n, out_dtype, x.device)
     if m == 0:
         return y
     wq, ws = _layout(w)
@@ -212,7 +214,7 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
         sx, quant = (sw if x_scale is None else x_scale.float().reshape(-1).contiguous()), 0
     flags = int(sw.shape[-1] > 1) | (2 if x_scale is not None else 0) | (4 if sx.numel() > 1 or quant else 0)
     if grouped:  # tiles: the schedule's upper bound (those past its num_tiles exit)
-        (tile_expert, tile_row, num_tiles, tiles), offs = grouped
+        (tile_expert, tile_row, num_tiles, tiles, _), offs = grouped
         mt, rows = 2, 16 * tiles
     else:
         mt, tiles, rows = (1 if m <= 8 else 2), 1, m

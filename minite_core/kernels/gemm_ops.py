@@ -82,15 +82,16 @@ def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.
 
     return _kgrouped(a, sa, b, sb, offs)
 
-def grouped_schedule(offs: torch.Tensor, block_m: int | None, total_rows: int):
+def grouped_schedule(offs: torch.Tensor, block_m: int | None, total_rows: int, live=None, routed: int = 0):
     """Tile schedule of the fast grouped GEMM for this layout (None on the reference path); build once per MoE
-    layer forward and pass to every grouped_gemm of the layer."""
+    layer forward and pass to every grouped_gemm of the layer. live, routed: `MoELayout.live_rows` and N·k (the
+    filler past live gets no tile and zero outputs)."""
     if not fast_path(offs):
         return None
     from minite_core.kernels import grouped
 
     bm = block_m or grouped._config(grouped.GROUPED_CONFIG, grouped.SMALL, None, offs.device)["BLOCK_M"]
-    return grouped.grouped_schedule(offs, bm, total_rows)
+    return grouped.grouped_schedule(offs, bm, total_rows, live, routed)
 
 def decode_gemm(x: torch.Tensor, w: ref.NVFP4Tensor, act: Quant | None = None, amax=None,
                 out_dtype=torch.bfloat16, *, backend: str | None = None) -> torch.Tensor:
@@ -142,11 +143,12 @@ def grouped_decode_gemm(x: torch.Tensor, w, offs: torch.Tensor, act: Quant | Non
 
     return grouped_packed_gemm_triton(x, w, offs, act=act, amax=amax, out_dtype=out_dtype, schedule=schedule)
 
-def grouped_decode_schedule(offs: torch.Tensor, total_rows: int):
-    """Tile schedule of `grouped_decode_gemm` for this layout (device-side, no host sync); once per MoE layer."""
+def grouped_decode_schedule(offs: torch.Tensor, total_rows: int, live=None, routed: int = 0):
+    """Tile schedule of `grouped_decode_gemm` for this layout (device-side, no host sync); once per MoE layer.
+    live, routed: as `grouped_schedule`."""
     from minite_core.kernels.decode import grouped_packed_schedule
 
-    return grouped_packed_schedule(offs, total_rows, offs.numel() - 1)
+    return grouped_packed_schedule(offs, total_rows, offs.numel() - 1, live, routed)
 
 def prepare_weight(t: ref.NVFP4Tensor, *, backend: str | None = None):
     """A quantized weight in the form this backend's GEMM reads fastest (cache it once per optimizer step):

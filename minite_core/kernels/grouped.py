@@ -22,6 +22,8 @@ below to fp32 accumulation order (tests/test_kernels.py's TOL["gemm_rel"]).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -157,19 +159,41 @@ def _e4m3_value(b):
 
 
 # ----------------------------------------------------------------------------------------------- launchers
-def grouped_schedule(offs: torch.Tensor, block_m: int, total_rows: int):
+class Schedule(NamedTuple):
+    """A grouped GEMM's tile schedule, built on the device (`grouped_schedule`)."""
+    tile_expert: torch.Tensor  # (max_tiles,) int32: expert of each tile
+    tile_row: torch.Tensor  # (max_tiles,) int64: first row of each tile
+    num_tiles: torch.Tensor  # (1,) int64: the tiles that run (those past it exit)
+    max_tiles: int  # the grid: an upper bound from shapes only
+    live: torch.Tensor | None  # (1,) int64: rows past it have no tile and their outputs are written as zeros
+
+
+def grouped_schedule(offs: torch.Tensor, block_m: int, total_rows: int, live: torch.Tensor | None = None,
+                     routed: int = 0) -> Schedule:
     """Device-side tile schedule (no host sync): per tile its expert and first row; max_tiles from shapes only.
-    Returns (tile_expert int32, tile_row int64, num_tiles int64 [1], max_tiles int)."""
+    live: `MoELayout.live_rows` — the last expert's segment ends there instead of at Tp (its filler, all zero
+    rows, gets no tile; the GEMM zero-fills the output instead); routed = the layout's N·k real rows, which then
+    bound the tiles (an expert with c rows takes ceil(c / block_m) <= c / block_m + 1 of them)."""
     offs = offs.to(torch.int64)
     e = offs.numel() - 1
+    max_tiles = triton.cdiv(total_rows, block_m) + e  # upper bound, fixed from shapes
+    if live is not None:
+        offs = torch.cat([offs[:-1], live])
+        max_tiles = min(max_tiles, triton.cdiv(routed, block_m) + min(e, routed))
     seg = offs[1:] - offs[:-1]
     tiles = (seg + block_m - 1) // block_m
     tile_end = torch.cumsum(tiles, 0)
-    max_tiles = triton.cdiv(total_rows, block_m) + e  # upper bound, fixed from shapes
     t = torch.arange(max_tiles, device=offs.device)
     tile_expert = torch.searchsorted(tile_end, t, right=True).clamp(max=e - 1)
     tile_row = offs[tile_expert] + (t - (tile_end[tile_expert] - tiles[tile_expert])) * block_m
-    return tile_expert.to(torch.int32), tile_row, tile_end[-1:], max_tiles
+    return Schedule(tile_expert.to(torch.int32), tile_row, tile_end[-1:], max_tiles, live)
+
+
+def grouped_output(schedule: Schedule, rows: int, n: int, dtype, device) -> torch.Tensor:
+    """The [rows, n] output of a grouped GEMM on `schedule`: zeros where it skips the filler, else uninitialized
+    (every row gets a tile)."""
+    alloc = torch.empty if schedule.live is None else torch.zeros
+    return alloc(rows, n, dtype=dtype, device=device)
 
 
 def _config(default: dict, small: dict, config: dict | None, device) -> dict:
@@ -187,10 +211,11 @@ def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch
     cfg = _config(GROUPED_CONFIG, SMALL, config, x.device)
     sa = a.global_scale.float().reshape(-1).contiguous()
     sb = b.global_scale.float().reshape(e, -1).contiguous()  # (E, 1) per tensor or (E, N) per row
-    c = torch.empty(t_rows, n, dtype=out_dtype, device=x.device)
+    schedule = schedule or grouped_schedule(offs, cfg["BLOCK_M"], t_rows)
+    c = grouped_output(schedule, t_rows, n, out_dtype, x.device)
     if t_rows == 0:
         return c
-    tile_expert, tile_row, num_tiles, max_tiles = schedule or grouped_schedule(offs, cfg["BLOCK_M"], t_rows)
+    tile_expert, tile_row, num_tiles, max_tiles, _ = schedule
     grid = (max_tiles, triton.cdiv(n, cfg["BLOCK_N"]))
     _grouped_kernel[grid](x, w, c, sa, sb, tile_expert, tile_row, offs, num_tiles,
                           n, k, x.stride(0), w.stride(0), w.stride(1), c.stride(0), sb.stride(0),

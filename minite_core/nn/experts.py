@@ -84,11 +84,13 @@ def _bf16_weight(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, w_bf16, ends):
-        # x (Tp, K) bf16; w_bf16 (E, N, K); ends (E,) int32 segment ends
+    def forward(ctx, x, weight, w_bf16, ends, live_ends, filler):
+        # x (Tp, K) bf16; w_bf16 (E, N, K); ends (E,) int32 segment ends; live_ends: the same with the last one at
+        # MoELayout.live_rows, filler: the rows past it (None: no filler to skip), whose outputs are zeros
         ctx.save_for_backward(x, w_bf16, ends)
         ctx.w_dtype = weight.dtype
-        return torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)
+        y = torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=live_ends)  # rows past live_ends[-1]: not written
+        return y if filler is None else y.masked_fill_(filler, 0)
 
     @staticmethod
     def backward(ctx, dy):
@@ -98,7 +100,7 @@ class _GroupedMM(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[1]:  # (E, N, K): per group dyᵀ x over the group's rows
             dw = torch._grouped_mm(dy.t(), x, offs=ends).to(ctx.w_dtype)
-        return dx, dw, None, None
+        return dx, dw, None, None, None, None
 
 
 def _grouped_bf16(x, weight, layout, profile, cache):
@@ -108,7 +110,10 @@ def _grouped_bf16(x, weight, layout, profile, cache):
     ends = layout.cache.get("ends")
     if ends is None:
         ends = layout.cache["ends"] = layout.offs[1:].to(torch.int32)
-    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), ends)
+        live = layout.live_rows()  # decode: the last group stops at the real rows, the filler's outputs are zeros
+        layout.cache["live_ends"] = ends if live is None else torch.cat([ends[:-1], live.to(torch.int32)])
+    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), ends, layout.cache["live_ends"],
+                            layout.filler())
 
 
 # ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------
@@ -216,7 +221,8 @@ def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, 
     w_p = _expert_weight(weight, profile.weight, cache, "n", packed=True)
     schedule = layout.cache.get("packed_schedule")
     if schedule is None:
-        schedule = layout.cache["packed_schedule"] = dispatch.grouped_decode_schedule(layout.offs, layout.num_rows)
+        schedule = layout.cache["packed_schedule"] = dispatch.grouped_decode_schedule(
+            layout.offs, layout.num_rows, layout.live_rows(), layout.dest.numel())
     spec, amax = profile.activation, None
     if spec is not None and spec.static:
         amax = input_amax
@@ -252,7 +258,8 @@ class _GroupedNVFP4(torch.autograd.Function):
             w_op = _expert_weight(weight, profile.weight, cache, "n")
             schedule = layout.cache.get("schedule")
             if schedule is None:
-                schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
+                schedule = layout.cache["schedule"] = dispatch.grouped_schedule(
+                    layout.offs, None, layout.num_rows, layout.live_rows(), layout.dest.numel())
             if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
             else:

@@ -11,7 +11,8 @@ wants 16-byte-aligned groups (torchtitan pads token groups to 8/16 rows for the 
 
 Shapes are static: Tp = round16(N·k + 15·E) depends only on N, k, E; the last expert's segment runs to Tp (it
 absorbs the unused rows as more zero padding), so every row of the buffer belongs to an expert and no kernel ever
-reads an unwritten row. Everything is built on the device with no host sync (scatter_add counts, a stable argsort,
+reads an unwritten row. At decode that filler is most of Tp: the GEMMs skip it (`MoELayout.live_rows`) and write
+its outputs as the zeros they are. Everything is built on the device with no host sync (scatter_add counts, a stable argsort,
 cumsum, searchsorted), so the layout works inside a CUDA graph; small routings on the fast path build it in one
 Triton launch instead (kernels/moe_layout.py: ~30 kernels -> 1 per MoE layer of a decode step).
 
@@ -44,6 +45,31 @@ class MoELayout:
     @property
     def num_rows(self) -> int:
         return self.src.shape[0]
+
+    def live_rows(self) -> torch.Tensor | None:
+        """(1,) int64 on the device: the rows that hold routed tokens, each expert's segment padded to 16 —
+        sum_e round16(count_e), the end of the last real row rounded up to 16. The rows past it are the last
+        expert's filler (zeros, whose GEMM outputs are zeros), so a GEMM may skip them and write zeros. None where
+        the filler is under half of Tp (a learner's batch: skipping it would not pay for its zero-fill); at
+        decode it is most of Tp (1 token, top-8 of 128 experts: 1,808 of 1,936 rows). Shapes decide, not values."""
+        n, k = self.dest.shape
+        if 2 * n * k >= self.num_rows:
+            return None
+        live = self.cache.get("live_rows")
+        if live is None:
+            live = self.cache["live_rows"] = ((self.dest.amax() // ALIGN + 1) * ALIGN).reshape(1)
+        return live
+
+    def filler(self) -> torch.Tensor | None:
+        """(Tp, 1) bool on the device: the rows past `live_rows` (None where it is None)."""
+        live = self.live_rows()
+        if live is None:
+            return None
+        mask = self.cache.get("filler")
+        if mask is None:
+            rows = torch.arange(self.num_rows, device=live.device)[:, None]
+            mask = self.cache["filler"] = rows >= live
+        return mask
 
     def bounds(self) -> list[int]:
         """Segment bounds on the host (reference path only: one sync)."""
