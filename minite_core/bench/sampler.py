@@ -76,7 +76,8 @@ class SamplerBenchConfig:
     tiny: bool = False  # CPU: tiny models, same code
     cpu_threads: int | None = None
     seed: int = 0
-    op_profile: bool = False  # per profile, RL shape at reference_batch: the kernels of one decode step (untimed)
+    op_profile: bool = False  # per profile, the kernels of one decode step (untimed): RL shape at reference_batch,
+    # the others at batch 1
     model: str | None = None  # a checkpoint dir / preset: the "model" shape (module docstring)
 
 
@@ -233,9 +234,9 @@ def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
                 if cfg.op_profile:
                     prompts = _prompts(cfg.reference_batch, cfg, model.config.vocab_size)
                     profiles = {name: op_profile(model, name, prompts, cfg, device, log) for name in cfg.profiles}
-            elif cfg.op_profile and shape == "weight-bound":  # batch 1: where a step's time goes against the byte limit
+            elif cfg.op_profile:  # weight-bound, model: batch 1, where a step's time goes against the byte limit
                 prompts = _prompts(1, cfg, model.config.vocab_size)
-                profiles.update({f"weight-bound/{name}": op_profile(model, name, prompts, cfg, device, log)
+                profiles.update({f"{shape}/{name}": op_profile(model, name, prompts, cfg, device, log)
                                  for name in cfg.profiles})
             del model
         log(f"sampler bench: {time.perf_counter() - t0:.1f} s")
@@ -345,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int)
     ap.add_argument("--budget-s", type=float, dest="budget_s", help="wall-clock budget (rows left are skipped)")
     ap.add_argument("--op-profile", action="store_true", default=None, dest="op_profile",
-                    help="per profile, the kernels of one decode step (RL shape, reference batch; untimed)")
+                    help="per profile, the kernels of one decode step (RL shape at the reference batch, the others at "
+                         "batch 1; untimed)")
     ap.add_argument("--out", required=True, help="output JSON (schema throughput/v1)")
     add_common_args(ap, config_help="the experiment's `sampler_bench:` section as JSON (keys = the flags above)")
     args = parse_with_config(ap, argv)

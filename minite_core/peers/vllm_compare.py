@@ -163,7 +163,8 @@ def kernel_check_main(args) -> int:
 
 # ---- our side ----------------------------------------------------------------------------------------------------
 def _metrics(logp, mask, argmax, rollout: Rollout) -> dict:
-    pad = rollout.padded()
+    pad = rollout.padded()  # on the CPU: our side (on the GPU when the model is) is brought there
+    logp, mask, argmax = logp.cpu(), mask.cpu(), None if argmax is None else argmax.cpu()
     m = mismatch_metrics(logp, pad["logprobs"], mask, argmax_learner=argmax, argmax_sampler=pad["argmax_ids"])
     m["mismatch/max_abs_delta"] = float((logp.double() - pad["logprobs"].double())[mask].abs().max())
     return m

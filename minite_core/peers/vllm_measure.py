@@ -219,7 +219,7 @@ def bench_main(a) -> int:
     out = Path(a.out)
     model, tok = load_model(a)
     base = _prompts(a, tok)
-    res = {}
+    res, kernels = {}, {}
     for prof in a.samplers.split(","):
         s = make_sampler(model, prof)  # the fast CUDA-graph sampler on the GPU
         for b in map(int, a.batches.split(",")):
@@ -232,10 +232,12 @@ def bench_main(a) -> int:
                *a.passthrough]
         if subprocess.run(cmd).returncode != 0:
             raise RuntimeError(f"vLLM bench of mode {mode} failed: {' '.join(cmd)}")
-        res.update(json.loads(f.read_text()))
+        got = json.loads(f.read_text())
+        kernels[mode] = got.pop(f"vllm:{mode}/kernels", None)  # the kernels vLLM picked, beside the speeds
+        res.update(got)
     write_result(out / STAGE / "decode_bench.json", stage=STAGE, experiment=a.experiment,
                  config={**_cfg(a), "batches": a.batches, "samplers": a.samplers, "modes": a.modes},
-                 metrics={f"tokens_per_s/{k}": v for k, v in res.items()})
+                 metrics={f"tokens_per_s/{k}": v for k, v in res.items()}, kernels=kernels)
     for k, v in res.items():
         print(f"{k:40s} {v:12.0f} tok/s")
     return 0
