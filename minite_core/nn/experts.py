@@ -256,10 +256,13 @@ class _GroupedNVFP4(torch.autograd.Function):
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
             w_op = _expert_weight(weight, profile.weight, cache, "n")
-            schedule = layout.cache.get("schedule")
-            if schedule is None:
-                schedule = layout.cache["schedule"] = dispatch.grouped_schedule(
-                    layout.offs, None, layout.num_rows, layout.live_rows(), layout.dest.numel())
+            schedule = layout.cache.get("schedule_fwd")
+            if schedule is None:  # decode: the filler gets no tile (forward only: a backward's dy may reach it)
+                live = layout.live_rows()
+                schedule = layout.cache["schedule_fwd"] = dispatch.grouped_schedule(
+                    layout.offs, None, layout.num_rows, live, layout.dest.numel())
+                if live is None:
+                    layout.cache["schedule"] = schedule
             if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
             else:
@@ -292,7 +295,10 @@ class _GroupedNVFP4(torch.autograd.Function):
             _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
             nonfinite.record(weight, dy_op.global_scale, "gradient (dgrad operand)")
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
-            dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=layout.cache.get("schedule"))
+            schedule = layout.cache.get("schedule")
+            if schedule is None:
+                schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
+            dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=schedule)
         if ctx.needs_input_grad[1]:
             _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
                                                 rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds), emit_dq=True)

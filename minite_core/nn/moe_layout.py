@@ -47,11 +47,12 @@ class MoELayout:
         return self.src.shape[0]
 
     def live_rows(self) -> torch.Tensor | None:
-        """(1,) int64 on the device: the rows that hold routed tokens, each expert's segment padded to 16 —
-        sum_e round16(count_e), the end of the last real row rounded up to 16. The rows past it are the last
-        expert's filler (zeros, whose GEMM outputs are zeros), so a GEMM may skip them and write zeros. None where
-        the filler is under half of Tp (a learner's batch: skipping it would not pay for its zero-fill); at
-        decode it is most of Tp (1 token, top-8 of 128 experts: 1,808 of 1,936 rows). Shapes decide, not values."""
+        """(1,) int64 on the device: the rows that hold routed tokens, each expert's segment padded to 16 — sum_e
+        round16(count_e), the end of the last real row rounded up to 16. The rows past it are the last expert's filler
+        (zeros, whose GEMM outputs are zeros), so a forward GEMM may skip them and write zeros (a backward GEMM may
+        not: its dy there need not be zero). None where the filler is under half of Tp (a learner's batch: skipping it
+        would not pay for its zero-fill); at decode it is most of Tp (1 token, top-8 of 128 experts: 1,808 of 1,936
+        rows). Shapes decide, not values."""
         n, k = self.dest.shape
         if 2 * n * k >= self.num_rows:
             return None
