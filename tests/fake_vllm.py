@@ -81,9 +81,15 @@ class LLM:
 
     def collective_rpc(self, method, kwargs=None):
         if callable(method):  # runs "in the worker": model_runner.model is the engine's model
-            return [method(types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self.model)))]
-        assert method == "reload_weights" and kwargs["is_checkpoint_format"] is True
-        weights = dict(kwargs["weights_iterator"])
+            runner = types.SimpleNamespace(model=self.model, get_model=lambda: self.model)
+            worker = types.SimpleNamespace(model_runner=runner, reload_weights=self._reload_weights)
+            return [method(worker, **(kwargs or {}))]
+        assert method == "reload_weights"
+        return [self._reload_weights(**kwargs)]
+
+    def _reload_weights(self, weights_iterator, is_checkpoint_format):
+        assert is_checkpoint_format is True
+        weights = dict(weights_iterator)
         unknown = set(weights) - self.names
         assert not unknown, f"reload_weights: names not in the checkpoint: {sorted(unknown)[:4]}"
         with tempfile.TemporaryDirectory() as tmp:  # the engine now runs exactly these tensors
@@ -91,7 +97,6 @@ class LLM:
             shutil.copy(self.path / CONFIG_NAME, Path(tmp) / CONFIG_NAME)
             self.model = _load(Path(tmp))
         CALLS.append(("reload_weights", len(weights)))
-        return [None]
 
     def reset_prefix_cache(self):
         CALLS.append(("reset_prefix_cache", None))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import types
 
 import pytest
 import torch
@@ -140,6 +141,43 @@ def test_push_after_an_update_equals_a_fresh_engine(fake, mode):
     assert after.response_ids == fresh.response_ids and after.logprobs == fresh.logprobs
     assert after.logprobs != before.logprobs  # the update reached the engine
     assert vllm_rollout.get_mode(mode).llm_kwargs.items() <= fake.CALLS[0][1].items()  # emulation: vLLM's own
+
+
+class _ReloadingWorker:
+    """vLLM's worker as reload_weights_in_place meets it: the layerwise reload copies the re-processed parameter
+    into its old storage, while processing makes the derived scale and the kernel's workspace anew as plain
+    attributes (as the compressed-tensors NVFP4 MoE and Marlin do)."""
+
+    def __init__(self):
+        self.layer = torch.nn.Linear(4, 4, bias=False)
+        self._process()
+        self.model_runner = types.SimpleNamespace(get_model=lambda: torch.nn.Sequential(self.layer))
+
+    def _process(self):
+        self.layer.weight_scale_2 = self.layer.weight.detach().abs().amax() / 6
+        self.layer.workspace = torch.zeros(8, dtype=torch.int32)
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format):
+        assert is_checkpoint_format
+        with torch.no_grad():
+            self.layer.weight.copy_(dict(weights_iterator)["weight"])
+        self._process()
+
+
+def test_reload_keeps_the_tensors_captured_graphs_read(monkeypatch):
+    monkeypatch.setattr(vllm_sampler, "GRAPH_DEVICES", ("cpu",))  # this CPU stands in for the GPU
+    w = _ReloadingWorker()
+    graph = (w.layer.weight, w.layer.weight_scale_2, w.layer.workspace)  # what a graph captured at start reads
+    new = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 3
+    vllm_sampler.reload_weights_in_place(w, [("weight", new)])
+    assert all(a is b for a, b in zip(graph, (w.layer.weight, w.layer.weight_scale_2, w.layer.workspace)))
+    assert torch.equal(graph[0], new) and torch.equal(graph[1], new.abs().amax() / 6)
+    w.reload_weights([("weight", new * 2)], True)  # vLLM's reload alone: the captured scale goes stale
+    assert not torch.equal(graph[1], w.layer.weight_scale_2)
+    w = _ReloadingWorker()
+    w._process = lambda: setattr(w.layer, "workspace", torch.zeros(16, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="Linear.workspace by something of another shape"):
+        vllm_sampler.reload_weights_in_place(w, [("weight", new)])
 
 
 def test_kernels_are_read_from_the_engine(fake):

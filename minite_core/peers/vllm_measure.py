@@ -8,7 +8,8 @@ push-check  one engine generates, takes a push of the weights it already runs (c
             generates again, the model's weights move (one seeded perturbation, the size of an update),
             `push_weights()` loads them, the engine generates again; a fresh engine started on the moved weights
             (its own process: `vllm_compare sample`) generates the same prompts with the same seeds. Passes when
-            the pushed engine's tokens and log-probs equal the fresh one's bit for bit and differ from before.
+            the push of unchanged weights changed nothing, and the pushed engine's tokens and log-probs equal
+            the fresh one's bit for bit and its tokens or log-probs differ from before.
 compare     per vLLM mode (bf16, nvfp4: the kernel vLLM picks, nvfp4-emulation), one engine in its own process
             samples `--num-prompts` task prompts with every processed log-prob row kept (logprobs = vocabulary);
             our learner under each `--learners` profile (one full-sequence forward: k3, max |Δ|, full-vocabulary
@@ -114,11 +115,13 @@ def push_check_main(a) -> int:
                and unchanged.logprobs == before.logprobs,
                "push_equals_fresh": after.response_ids == fresh["response_ids"] and after.logprobs == fresh["logprobs"],
                "push_vs_fresh_max_abs_dlogp": diff, "weights_moved_tokens": after.response_ids != before.response_ids,
+               "weights_moved_logprobs": after.logprobs != before.logprobs,  # tokens alone may not move
                "push_s": eng.push_s, "tokens": sum(map(len, after.response_ids))}
     write_result(a.out, stage=STAGE, experiment=a.experiment, config={**_cfg(a), "mode": a.mode, "check": "push"},
                  metrics=metrics, kernels=eng.kernels(), vllm=vllm_rollout.available()[1])
     print(json.dumps(metrics))
-    return 0 if metrics["push_equals_fresh"] and metrics["weights_moved_tokens"] else 1
+    moved = metrics["weights_moved_tokens"] or metrics["weights_moved_logprobs"]
+    return 0 if metrics["push_unchanged_is_noop"] and metrics["push_equals_fresh"] and moved else 1
 
 
 def _sample_subprocess(checkpoint: Path, prompts, a, llm_kwargs: dict) -> dict:

@@ -28,6 +28,10 @@ that as the worker method `reload_weights(weights_iterator, is_checkpoint_format
 (VLLM_ENABLE_V1_MULTIPROCESSING=0: the uniproc executor calls the worker directly, the tensors are handed over,
 not serialised), then `LLM.reset_prefix_cache()`: prompt KV cached under the old weights must not be reused.
 The pushed tensors are the ones the export writes (same function), so the engine always runs the file's bits.
+The reload copies each re-processed layer's parameters and buffers back into their old storage (CUDA graphs
+captured at start read those addresses), but not the tensors vLLM 0.26's NVFP4 path keeps as plain module
+attributes and makes anew on every processing (the compressed-tensors NVFP4 MoE's global scales, Marlin's lock
+workspace): `vllm_sampler.reload_weights_in_place` holds those through the reload and copies the new values into them.
 
 Not here: routes (vLLM does not expose the experts it executed, so a routing-replay learner cannot pair with it)
 and multi-process RL (one engine in the process that trains). A missing vLLM raises one line naming what is

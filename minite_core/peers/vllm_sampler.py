@@ -165,10 +165,41 @@ class VLLMSampler:
 
     def update_weights(self, weights) -> None:
         """Load `weights` [(checkpoint name, tensor)] into the running engine (vLLM's reload_weights: checkpoint
-        format, each layer re-processed after loading) and drop the prefix cache computed under the old ones."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
-                                                          "is_checkpoint_format": True})
+        format, each layer re-processed after loading; `reload_weights_in_place`) and drop the prefix cache
+        computed under the old ones."""
+        self.llm.collective_rpc(reload_weights_in_place, kwargs={"weights": list(weights)})
         self.llm.reset_prefix_cache()
+
+
+# devices whose memory the engine's captured graphs read (CUDA graphs); a CPU engine replays nothing
+GRAPH_DEVICES = ("cuda",)
+
+
+def reload_weights_in_place(worker, weights) -> None:
+    """Runs in the vLLM worker (`LLM.collective_rpc`): vLLM's layerwise reload of the checkpoint-format `weights`,
+    keeping every tensor the captured CUDA graphs read where it is.
+
+    The reload (model_loader/reload/layerwise.py `_copy_and_restore_kernel_tensors`) copies a re-processed layer's
+    parameters and buffers into their old storage and nothing else. Tensors that process_weights_after_loading
+    keeps as plain module attributes are made anew, while the graphs go on reading the old ones, which the reload
+    frees: in vLLM 0.26 the compressed-tensors NVFP4 MoE's `w13_weight_scale_2` / `w2_weight_scale_2` (its quant
+    config's global scales; `w13_input_scale` / `w2_input_scale` too under emulation) and the Marlin NVFP4
+    linear's lock `workspace`. So each such tensor is held through the reload (never freed), gets the new values
+    and goes back on its module; tensors the reload left alone are untouched."""
+    held = [(m, name, t) for m in worker.model_runner.get_model().modules() for name, t in vars(m).items()
+            if isinstance(t, torch.Tensor) and t.device.type in GRAPH_DEVICES]
+    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    with torch.no_grad():
+        for module, name, old in held:
+            new = vars(module).get(name)
+            if new is old:
+                continue
+            if not isinstance(new, torch.Tensor) or new.shape != old.shape or new.dtype != old.dtype:
+                raise RuntimeError(f"vLLM's weight reload replaced {type(module).__name__}.{name} by something "
+                                   "of another shape or dtype, but the engine's captured graphs read the old tensor: "
+                                   "restart the engine on a re-exported checkpoint instead")
+            old.copy_(new)
+            setattr(module, name, old)
 
 
 def logprob_rows(steps, vocab: int):
