@@ -41,7 +41,6 @@ from pathlib import Path
 import torch
 
 from minite_core.formats import nvfp4 as ref
-from minite_core.kernels.grouped import grouped_output
 
 SOURCE = Path(__file__).with_name("decode_mma.cu")
 # warps: 16-row tiles of N a block; unroll: 64-column chunks whose loads a warp has in flight together (512 bytes
@@ -192,6 +191,7 @@ def quantize_rows(x: torch.Tensor, act, amax=None) -> tuple[torch.Tensor, torch.
 
 def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtype, config):
     from minite_core.kernels.decode import _tickets, act_amax
+    from minite_core.kernels.grouped import grouped_output
 
     if act is not None and x.dtype != torch.bfloat16:
         raise ValueError(f"the mma kernel's fused quantizer reads bf16 activations, got {x.dtype}")
