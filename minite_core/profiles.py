@@ -317,6 +317,16 @@ PROFILES["te-nvfp4-r3"] = PROFILES["te-nvfp4"].replace(name="te-nvfp4-r3", routi
 _VLLM_CPU = dict(rope_dtype="float32", attention_dtype="float32", kernel_rounding="rtz", fused_add_norm=True)
 PROFILES["vllm-nvfp4-cpu"] = PROFILES["vllm-nvfp4"].replace(name="vllm-nvfp4-cpu", w4a4_gemm="vllm-cpu", **_VLLM_CPU)
 PROFILES["vllm-bf16-cpu"] = PROFILES["bf16"].replace(name="vllm-bf16-cpu", **_VLLM_CPU)
+# vLLM 0.26's software W4A4 on a GPU (linear_backend / moe_backend="emulation", e.g. Hopper): the CPU build's GEMM
+# arithmetic and none of its CPU kernels (CUDA RoPE, FlashAttention, RNE stores, CUDA fused add-norm stay as in
+# `vllm-nvfp4`). Linears, EmulationNvFp4LinearKernel -> run_nvfp4_emulations (quantization/utils/
+# nvfp4_emulation_utils.py:469-495): x̂ = bf16(e2m1(q)·fl(sf / input_global_scale)) (Triton QDQ, :187-202),
+# ŵ = bf16(e2m1(q)·fl(sf · 1/weight_global_scale)) (:89-116), torch.matmul in bf16. MoE experts,
+# Nvfp4QuantizationEmulationTritonExperts (fused_moe/experts/nvfp4_emulation_moe.py:489-545): the same x̂ (static
+# a13 / a2 scales, max over experts), ŵ rounded to bf16 (:226-235), tl.dot with fp32 accumulation, bf16 out.
+# Not covered: the top-k weight applied to the fp32 w2 accumulator and moe_sum in bf16 (:243-248, :547), and
+# a13 / a2 = 1/(1/input_global_scale) (oracle/nvfp4.py:445-446). Measured against real vLLM: not yet.
+PROFILES["vllm-nvfp4-emulation"] = PROFILES["vllm-nvfp4"].replace(name="vllm-nvfp4-emulation", w4a4_gemm="vllm-cpu")
 
 # A baseline from TE 2.20's reference options that no rollout engine offers yet: miniTE with 4over6 block-scale
 # selection (MAE, global E4M3 bound 256) on weights and activations. It is miniTE rather than te-nvfp4 because it

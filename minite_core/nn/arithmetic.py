@@ -135,7 +135,7 @@ class VllmCpu(Reference):
         act = call.profile.activation
         amax = input_amax if act.static else shard_amax(x, call.shard, act)
         return dispatch.gemm_vllm_cpu(quantize(x.detach(), act, amax=amax), global_encode_scale(amax),
-                                      call.weight_op("n"), x.dtype)
+                                      call.weight_op("n", packed=True), x.dtype)  # it folds the block scales
 
 
 def te_amax(t: torch.Tensor, scale_mode: str = "tensor", *, rht: bool = False, rht_dtype: str = "float32"):

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
         p.add_argument("--mode", default="bf16", choices=sorted(vllm_rollout.MODES))
         p.add_argument("--modes", default="bf16,nvfp4,nvfp4-emulation")
-        p.add_argument("--learners", default="bf16,te-nvfp4,minite,vllm-marlin-w4a16,vllm-nvfp4")
+        p.add_argument("--learners", default="bf16,te-nvfp4,minite,vllm-marlin-w4a16,vllm-nvfp4,vllm-nvfp4-emulation")
         p.add_argument("--samplers", default="bf16,vllm-marlin-w4a16,vllm-nvfp4")
         p.add_argument("--batches", default="1,16,64,256")
         p.add_argument("--reps", type=int, default=3)
