@@ -103,17 +103,22 @@ class _GroupedMM(torch.autograd.Function):
         return dx, dw, None, None, None, None
 
 
+def group_ends(layout: MoELayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """_grouped_mm's `offs` for this layout, int32 (E,): the segment ends, and the same with the last one at
+    `MoELayout.live_rows` (decode: the filler past it is skipped in the forward, its outputs zeros). Cached."""
+    ends = layout.cache.get("ends")
+    if ends is None:
+        ends = layout.cache["ends"] = layout.offs[1:].to(torch.int32)
+        live = layout.live_rows()
+        layout.cache["live_ends"] = ends if live is None else torch.cat([ends[:-1], live.to(torch.int32)])
+    return ends, layout.cache["live_ends"]
+
+
 def _grouped_bf16(x, weight, layout, profile, cache):
     dtype = torch_dtype(profile.dtype)
     if dtype != torch.bfloat16:
         raise ValueError(f"profile {profile.name!r}: the fast grouped path runs bf16 only, got dtype {profile.dtype}")
-    ends = layout.cache.get("ends")
-    if ends is None:
-        ends = layout.cache["ends"] = layout.offs[1:].to(torch.int32)
-        live = layout.live_rows()  # decode: the last group stops at the real rows, the filler's outputs are zeros
-        layout.cache["live_ends"] = ends if live is None else torch.cat([ends[:-1], live.to(torch.int32)])
-    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), ends, layout.cache["live_ends"],
-                            layout.filler())
+    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), *group_ends(layout), layout.filler())
 
 
 # ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------
