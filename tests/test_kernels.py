@@ -186,6 +186,29 @@ def test_grouped_gemm_skips_the_filler_bitwise():
 
 
 @cpu_kernels
+def test_grouped_schedule_kernel_equals_reference():
+    """The one-launch tile schedule equals its torch reference entry by entry (tiles past num_tiles included), with
+    and without `live`, over layouts of the MoE shapes: empty experts, one expert, E up to 256, tiles 16-128."""
+    from minite_core.nn.moe_layout import moe_layout_reference, padded_rows
+
+    g = torch.Generator().manual_seed(0)
+    cases = [(1, 8, 64), (16, 8, 128), (3, 2, 8), (64, 2, 8), (7, 1, 1), (40, 4, 256), (512, 8, 128)]
+    for n, k, e in cases:
+        top = torch.randn(n, e, generator=g).topk(k, dim=1).indices
+        lay = moe_layout_reference(top, e)
+        offs, tp = lay.offs.to(DEV), padded_rows(n, k, e)
+        live = ((lay.dest.amax() // 16 + 1) * 16).reshape(1).to(DEV)
+        for bm in (16, 64, 128):
+            for lv in (None, live):
+                got = GG.grouped_schedule(offs, bm, tp, lv, n * k)
+                want = GG.grouped_schedule_reference(offs, bm, tp, lv, n * k)
+                assert got.max_tiles == want.max_tiles, (n, k, e, bm)
+                for f in ("tile_expert", "tile_row", "num_tiles"):
+                    a, b = getattr(got, f), getattr(want, f)
+                    assert a.dtype == b.dtype and torch.equal(a, b), (n, k, e, bm, lv is not None, f)
+
+
+@cpu_kernels
 def test_kgrouped_gemm_matches_per_expert_reference():
     offs = torch.tensor([0, 32, 32, 48], device=DEV)  # expert 1 empty: its gradient is exactly zero
     a = _input(24, 48, torch.float32, seed=1)  # (N, Tp) along tokens

@@ -63,8 +63,10 @@ def _check(lay_sut, lay_ref, name):
 def _check_cases(device):
     for name, top, e in _cases():
         top = top.to(device)
-        fields = K.moe_layout_triton(top, e, L.padded_rows(*top.shape, e))
-        _check(L.MoELayout(*fields, num_experts=e), L.moe_layout_reference(top, e), name)
+        *fields, live = K.moe_layout_triton(top, e, L.padded_rows(*top.shape, e))
+        ref = L.moe_layout_reference(top, e)
+        _check(L.MoELayout(*fields, num_experts=e), ref, name)
+        assert torch.equal(live.cpu(), (ref.dest.amax() // 16 + 1).reshape(1) * 16), f"{name}: live"
 
 
 def test_align_matches_nn():
@@ -123,13 +125,23 @@ def test_gpu_layout_in_cuda_graph():
         top.copy_(_random(64, 2, 8, seed, skew=seed - 8.0))
         graph.replay()
         _check(lay, L.moe_layout_reference(top, 8), f"replay {seed}")
+        ref = L.moe_layout_reference(top, 8)
+        assert torch.equal(lay.routed_end, (ref.dest.amax() // 16 + 1).reshape(1) * 16), f"replay {seed}: live"
 
 
-def test_live_rows_are_the_routed_rows_with_their_padding():
+@pytest.mark.parametrize("path", ["reference", "kernel"])
+def test_live_rows_are_the_routed_rows_with_their_padding(path):
     """`MoELayout.live_rows` = sum_e round16(count_e) where the last expert's filler is most of Tp (decode), else
-    None; `filler` marks the rows past it."""
+    None; `filler` marks the rows past it. The layout kernel computes it in its launch (`routed_end`)."""
+    if path == "kernel" and not INTERPRETED:
+        pytest.skip("the kernel path on CPU needs TRITON_INTERPRET=1 (the GPU runs it in test_gpu_layout_in_cuda_graph)")
     for name, top, e in _cases():
-        lay = L.moe_layout_reference(top, e)
+        if path == "kernel":
+            with dispatch.using_backend("triton"):
+                lay = L.moe_layout(top, e)
+            assert lay.routed_end is not None, name
+        else:
+            lay = L.moe_layout_reference(top, e)
         counts = torch.bincount(top.reshape(-1), minlength=e)
         live, n_k = lay.live_rows(), top.numel()
         if 2 * n_k >= lay.num_rows:

@@ -168,18 +168,61 @@ class Schedule(NamedTuple):
     live: torch.Tensor | None  # (1,) int64: rows past it have no tile and their outputs are written as zeros
 
 
+@triton.jit
+def _schedule_kernel(offs_ptr, live_ptr, expert_ptr, row_ptr, count_ptr, E, MAX_TILES, BM: tl.constexpr,
+                     LIVE: tl.constexpr, BLOCK_E: tl.constexpr, T: tl.constexpr):
+    # per tile t of this program's T: its expert (#{e : tile_end_e <= t}, clamped to E - 1) and first row
+    ex = tl.arange(0, BLOCK_E)
+    start = tl.load(offs_ptr + ex, mask=ex < E, other=0)
+    end = tl.load(offs_ptr + ex + 1, mask=ex < E, other=0)
+    if LIVE:
+        end = tl.where(ex == E - 1, tl.load(live_ptr), end)
+    tiles = (end - start + BM - 1) // BM  # 0 past E
+    tile_end = tl.cumsum(tiles, axis=0)
+    if tl.program_id(0) == 0:
+        tl.store(count_ptr, tl.sum(tiles, axis=0))
+    t = tl.program_id(0) * T + tl.arange(0, T)
+    expert = tl.minimum(tl.sum(((tile_end[None, :] <= t[:, None]) & (ex[None, :] < E)).to(tl.int32), axis=1), E - 1)
+    hit = ex[None, :] == expert[:, None]  # (T, BLOCK_E)
+    first = tl.sum(tl.where(hit, start, 0), axis=1)  # offs[expert]
+    first_tile = tl.sum(tl.where(hit, tile_end - tiles, 0), axis=1)
+    tl.store(expert_ptr + t, expert, mask=t < MAX_TILES)
+    tl.store(row_ptr + t, first + (t - first_tile) * BM, mask=t < MAX_TILES)
+
+
 def grouped_schedule(offs: torch.Tensor, block_m: int, total_rows: int, live: torch.Tensor | None = None,
                      routed: int = 0) -> Schedule:
-    """Device-side tile schedule (no host sync): per tile its expert and first row; max_tiles from shapes only.
-    live: `MoELayout.live_rows` — the last expert's segment ends there instead of at Tp (its filler, all zero
-    rows, gets no tile; the GEMM zero-fills the output instead); routed = the layout's N·k real rows, which then
-    bound the tiles (an expert with c rows takes ceil(c / block_m) <= c / block_m + 1 of them)."""
+    """Device-side tile schedule (no host sync) in one launch: per tile its expert and first row; max_tiles from
+    shapes only. live: `MoELayout.live_rows` — the last expert's segment ends there instead of at Tp (its filler, all
+    zero rows, gets no tile; the GEMM zero-fills the output instead); routed = the layout's N·k real rows, which then
+    bound the tiles (an expert with c rows takes ceil(c / block_m) <= c / block_m + 1 of them). Equal to
+    `grouped_schedule_reference` (the same in ~16 torch ops; tests/test_kernels.py)."""
+    e = offs.numel() - 1
+    max_tiles = _max_tiles(e, block_m, total_rows, live, routed)
+    expert = torch.empty(max_tiles, dtype=torch.int32, device=offs.device)
+    row = torch.empty(max_tiles, dtype=torch.int64, device=offs.device)
+    count = torch.empty(1, dtype=torch.int64, device=offs.device)
+    tiles = max(16, min(triton.next_power_of_2(max_tiles), 8192 // triton.next_power_of_2(max(e, 16))))
+    _schedule_kernel[(triton.cdiv(max_tiles, tiles),)](
+        offs.to(torch.int64), offs if live is None else live, expert, row, count, e, max_tiles, BM=block_m,
+        LIVE=live is not None, BLOCK_E=triton.next_power_of_2(max(e, 16)), T=tiles)
+    return Schedule(expert, row, count, max_tiles, live)
+
+
+def _max_tiles(e: int, block_m: int, total_rows: int, live, routed: int) -> int:
+    """The schedule's grid: an upper bound of its tiles from shapes only."""
+    max_tiles = triton.cdiv(total_rows, block_m) + e
+    return max_tiles if live is None else min(max_tiles, triton.cdiv(routed, block_m) + min(e, routed))
+
+
+def grouped_schedule_reference(offs: torch.Tensor, block_m: int, total_rows: int, live: torch.Tensor | None = None,
+                               routed: int = 0) -> Schedule:
+    """`grouped_schedule` in torch ops (cumsum, searchsorted, gathers)."""
     offs = offs.to(torch.int64)
     e = offs.numel() - 1
-    max_tiles = triton.cdiv(total_rows, block_m) + e  # upper bound, fixed from shapes
+    max_tiles = _max_tiles(e, block_m, total_rows, live, routed)
     if live is not None:
         offs = torch.cat([offs[:-1], live])
-        max_tiles = min(max_tiles, triton.cdiv(routed, block_m) + min(e, routed))
     seg = offs[1:] - offs[:-1]
     tiles = (seg + block_m - 1) // block_m
     tile_end = torch.cumsum(tiles, 0)

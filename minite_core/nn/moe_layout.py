@@ -40,6 +40,7 @@ class MoELayout:
     row_expert: torch.Tensor  # (Tp,) int64: expert of each padded row
     row_local: torch.Tensor  # (Tp,) int64: row index inside its expert's segment
     num_experts: int
+    routed_end: torch.Tensor | None = None  # (1,) int64: `live_rows`' value, where the layout kernel computed it
     cache: dict = field(default_factory=dict)  # per-layout derived tensors (tile schedules), built on first use
 
     @property
@@ -58,7 +59,10 @@ class MoELayout:
             return None
         live = self.cache.get("live_rows")
         if live is None:
-            live = self.cache["live_rows"] = ((self.dest.amax() // ALIGN + 1) * ALIGN).reshape(1)
+            live = self.routed_end
+            if live is None:
+                live = ((self.dest.amax() // ALIGN + 1) * ALIGN).reshape(1)
+            self.cache["live_rows"] = live
         return live
 
     def filler(self) -> torch.Tensor | None:
@@ -94,7 +98,10 @@ def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
     (decode) take one Triton launch (kernels/moe_layout.py, equal field by field); the rest, `moe_layout_reference`."""
     N, k = top_idx.shape
     fields = dispatch.moe_layout(top_idx, num_experts, padded_rows(N, k, num_experts))
-    return moe_layout_reference(top_idx, num_experts) if fields is None else MoELayout(*fields, num_experts=num_experts)
+    if fields is None:
+        return moe_layout_reference(top_idx, num_experts)
+    *fields, routed_end = fields
+    return MoELayout(*fields, num_experts=num_experts, routed_end=routed_end)
 
 
 def moe_layout_reference(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
