@@ -191,3 +191,35 @@ def test_set_profile_boundary_layers_and_init_determinism():
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
     assert CausalLM(DENSE).num_parameters() == sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(**DENSE.to_hf())).parameters())
+
+
+def _attention_bias_cases(device):
+    from minite_core.model.qwen3_moe import CausalLM as M
+
+    g = torch.Generator().manual_seed(3)
+    valid = torch.rand(3, 12, generator=g) > 0.3  # a cache's slot mask with holes (left padding)
+    yield "decode", M._cached_mask(valid.to(device), torch.tensor([9], device=device)), 1, 12
+    yield "prefill", M._mask((torch.rand(3, 7, generator=g) > 0.2).to(device), 3, 7, device), 7, 7
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_bias_is_sdpas_own_conversion(dtype, device="cpu"):
+    """The forward hands every layer's SDPA the additive mask once (`attention_bias`) instead of the boolean one
+    SDPA converts on every call: the same outputs, bit for bit (GQA, decode and prefill masks)."""
+    from minite_core.model.qwen3_moe import attention_bias
+
+    g = torch.Generator().manual_seed(4)
+    for name, mask, t, s in _attention_bias_cases(device):
+        q, k, v = (torch.randn(3, h, n, 16, generator=g).to(device, dtype) for h, n in ((4, t), (2, s), (2, s)))
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        bias = attention_bias(mask, dtype)
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+        assert bias.dtype == dtype and torch.equal(attention_bias(bias, dtype), bias), name
+        assert torch.equal(got, want), f"{name} {dtype}: {(got != want).sum().item()} values differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_attention_bias_is_sdpas_own_conversion(dtype):
+    test_attention_bias_is_sdpas_own_conversion(dtype, device="cuda")

@@ -23,6 +23,9 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   no key is allowed its own slot, so pad positions give finite (ignored) logits instead of NaN. With a KVCache
   (static buffers, model/kv_cache.py) every forward — prefill and decode — attends over all S slots of the
   cache under its slot mask: one cached-attention path for the reference and the fast (CUDA-graph) sampler.
+  SDPA turns a boolean mask into an additive one (0 / -inf in q's dtype) on every call; the forward does it once
+  (`attention_bias`) and every layer's SDPA takes that: the same tensor SDPA would build, one kernel a forward
+  instead of three a layer (its two scalar tensors and the select).
 - Under a profile with `recompute_elementwise` (the NVFP4 learners), in grad mode the RMSNorms and SwiGLU save
   only their inputs for backward and run their elementwise ops again there (`nn.recompute`): the same bits as
   autograd's plain graph, a fraction of its saved bytes. On the GPU fast path every learner profile's RMSNorm
@@ -146,7 +149,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None):
-        # x: (B, T, D); mask: (B, 1, T, S) bool or None (= plain causal, no cache)
+        # x: (B, T, D); mask: (B, 1, T, S) bool (True = attend) or its `attention_bias`, or None (= plain causal)
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
@@ -158,12 +161,23 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         if p.batch_invariant:  # profile knob: one kernel for learner, prefill, decode (kernels/attention.py)
-            o = dispatch.attention(q, k, v, mask, kernel=p.attention_kernel)  # fp32 inside, q's dtype out (RNE)
+            allowed = mask if mask is None or mask.dtype == torch.bool else mask == 0
+            o = dispatch.attention(q, k, v, allowed, kernel=p.attention_kernel)  # fp32 inside, q's dtype out (RNE)
             return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
-        o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype), attn_mask=mask,
+        o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype),
+                                           attn_mask=attention_bias(mask, att_dtype),
                                            is_causal=mask is None, enable_gqa=self.num_heads != self.num_kv_heads)
         o = cast(o, q.dtype, p.kernel_rounding)  # (B, H, T, Dh)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+
+
+def attention_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean attention mask (True = attend) as SDPA converts it before any backend runs: 0 where True, -inf
+    where False, in `dtype` (q's); an additive mask already in `dtype` (or None) as it is."""
+    if mask is None or mask.dtype == dtype:
+        return mask
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return torch.where(allowed, 0.0, float("-inf")).to(dtype)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -335,6 +349,8 @@ class CausalLM(nn.Module):
                 mask = self._mask(real, B, T, input_ids.device)
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        if mask is not None and not self.profile.batch_invariant:  # SDPA's own conversion, once (module docstring)
+            mask = attention_bias(mask, torch_dtype(self.profile.attention_dtype or self.profile.dtype))
 
         x = self.model.embed_tokens(input_ids).to(dtype)  # (B, T, D)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
