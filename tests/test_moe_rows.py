@@ -61,6 +61,9 @@ def _check(device, shape, y_dtype, w_dtype):
     out_sut = moe_rows.Combine.apply(y_sut, w_sut, lay.dest, lay.src)
     assert out_sut.dtype == torch.float32
     assert torch.equal(out_sut.cpu(), out_ref)
+    with torch.no_grad():  # decode: the kernel rounds its fp32 sum to the activation dtype itself
+        low = moe_rows.rank_sum(y_sut, lay.dest, w_sut, y_dtype)
+    assert low.dtype == y_dtype and torch.equal(low.cpu(), out_ref.detach().to(y_dtype))
     out_ref.backward(grad)
     out_sut.backward(grad.to(device))
     assert y_sut.grad.dtype == y_dtype and w_sut.grad.dtype == w_dtype

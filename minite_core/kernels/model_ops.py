@@ -118,18 +118,21 @@ def moe_permute(x: torch.Tensor, layout, *, reference, backend: str | None = Non
         return reference(x, layout)
     return moe_rows.Permute.apply(x, layout.src, layout.dest)
 
-def moe_combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout, *, reference,
+def moe_combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout, *, reference, out_dtype=torch.float32,
                 backend: str | None = None) -> torch.Tensor:
-    """(Tp, D), (N, k) -> (N, D) fp32, a token's k rows weighted and summed in rank order: one launch each way on
-    the fast path (kernels/moe_rows.py; forward and dy bitwise `reference(y_pad, top_w, layout)`, dtop_w within
-    fp32 summation order), else `reference` itself."""
+    """(Tp, D), (N, k) -> (N, D), a token's k rows weighted and summed in fp32 in rank order, rounded (RNE) to
+    out_dtype: one launch each way on the fast path (kernels/moe_rows.py; forward and dy bitwise
+    `reference(y_pad, top_w, layout)`, dtop_w within fp32 summation order), else `reference` itself. Without a
+    gradient the kernel stores out_dtype itself (decode: no separate cast)."""
     if not fast_path(y_pad, backend):
-        return reference(y_pad, top_w, layout)
+        return reference(y_pad, top_w, layout).to(out_dtype)
     from minite_core.kernels import moe_rows
 
     if not moe_rows.supported(y_pad, top_w):
-        return reference(y_pad, top_w, layout)
-    return moe_rows.Combine.apply(y_pad, top_w, layout.dest, layout.src)
+        return reference(y_pad, top_w, layout).to(out_dtype)
+    if not (torch.is_grad_enabled() and (y_pad.requires_grad or top_w.requires_grad)):
+        return moe_rows.rank_sum(y_pad, layout.dest, top_w, out_dtype)
+    return moe_rows.Combine.apply(y_pad, top_w, layout.dest, layout.src).to(out_dtype)
 
 def uniform_rows(seeds: torch.Tensor, step, vocab: int, guard: float, *, backend: str | None = None) -> torch.Tensor:
     """u[b, v] = formats.philox.uniform(seeds[b], v + step * 2^32), u == 0 read as `guard`: (B, vocab) fp32 — one

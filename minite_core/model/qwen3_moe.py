@@ -264,15 +264,17 @@ class SparseMoE(nn.Module):
         x_flat = x.reshape(-1, D)  # (N, D)
         top_w, top_idx = self.route(x_flat)
         ep = self.expert_parallel
-        y = self.local_experts(x_flat, top_w, top_idx) if ep is None else ep(self, x_flat, top_w, top_idx)
+        y = self.local_experts(x_flat, top_w, top_idx, x.dtype) if ep is None else ep(self, x_flat, top_w, top_idx)
         return y.to(x.dtype).view(B, T, D)
 
-    def local_experts(self, x_flat: torch.Tensor, top_w: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
-        """x (N, D), top_w / top_idx (N, K) -> (N, D) fp32: every assignment through this process's experts."""
+    def local_experts(self, x_flat: torch.Tensor, top_w: torch.Tensor, top_idx: torch.Tensor,
+                      out_dtype=torch.float32) -> torch.Tensor:
+        """x (N, D), top_w / top_idx (N, K) -> (N, D): every assignment through this process's experts, combined in
+        fp32 and rounded to out_dtype (fp32 where other ranks' sums are added: engines.expert_parallel)."""
         layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
         y_pad = self.experts(permute(x_flat, layout), layout)  # (Tp, D)
         # weight in the router dtype, the k rows of a token summed in fp32 in rank order
-        return combine(y_pad, top_w, layout)
+        return combine(y_pad, top_w, layout, out_dtype)
 
 
 class DecoderLayer(nn.Module):

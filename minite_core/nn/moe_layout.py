@@ -153,10 +153,11 @@ def permute_reference(x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
     return _Permute.apply(x, layout)
 
 
-def combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torch.Tensor:
-    """y_pad (Tp, D), top_w (N, k) -> (N, D) fp32: sum_k top_w[t, k] * y_pad[dest[t, k]], in rank order. One
-    Triton launch each way on the fast path (kernels/moe_rows.py: the forward bitwise `combine_reference`)."""
-    return dispatch.moe_combine(y_pad, top_w, layout, reference=combine_reference)
+def combine(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout, out_dtype=torch.float32) -> torch.Tensor:
+    """y_pad (Tp, D), top_w (N, k) -> (N, D): sum_k top_w[t, k] * y_pad[dest[t, k]] in fp32, in rank order, then
+    rounded to out_dtype. One Triton launch each way on the fast path (kernels/moe_rows.py: the forward bitwise
+    `combine_reference`)."""
+    return dispatch.moe_combine(y_pad, top_w, layout, reference=combine_reference, out_dtype=out_dtype)
 
 
 def combine_reference(y_pad: torch.Tensor, top_w: torch.Tensor, layout: MoELayout) -> torch.Tensor:
