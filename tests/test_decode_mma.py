@@ -253,7 +253,7 @@ def test_gpu_grouped_decode_skips_the_filler():
     from minite_core.kernels import dispatch
     from minite_core.kernels.decode import grouped_packed_gemm_triton, grouped_packed_schedule
     from minite_core.kernels.operands import PackedExperts
-    from minite_core.nn.experts import _GroupedMM, group_ends
+    from minite_core.nn.experts import _GroupedMM, group_ends, segment_ends
     from minite_core.nn.moe_layout import moe_layout
 
     E, N, K = 32, 64, 128
@@ -274,8 +274,8 @@ def test_gpu_grouped_decode_skips_the_filler():
     sched_t = grouped_packed_schedule(lay.offs, lay.num_rows, E, live, routed)
     assert torch.equal(grouped_packed_gemm_triton(x, packed, lay.offs, schedule=sched_t, out_dtype=torch.float32), y_ref)
     w_bf16 = _few_bits(torch.randn(E, N, K, device="cuda"))
-    ends, live_ends = group_ends(lay)
-    assert live_ends[-1].item() == 128 and ends[-1].item() == lay.num_rows
-    y_bf = _GroupedMM.apply(x, w_bf16, w_bf16, ends, live_ends, lay.filler())
+    (live_ends, filler), ends = group_ends(lay), segment_ends(lay)
+    assert live_ends[-1].item() == 128 and ends[-1].item() == lay.num_rows and filler.sum().item() == 496 - 128
+    y_bf = _GroupedMM.apply(x, w_bf16, w_bf16, lay)
     y_all = torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)
     assert torch.equal(y_bf, y_all) and not y_bf[128:].any()

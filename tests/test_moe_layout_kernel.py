@@ -63,10 +63,13 @@ def _check(lay_sut, lay_ref, name):
 def _check_cases(device):
     for name, top, e in _cases():
         top = top.to(device)
-        *fields, live = K.moe_layout_triton(top, e, L.padded_rows(*top.shape, e))
+        fields, (live, ends, filler) = K.moe_layout_triton(top, e, L.padded_rows(*top.shape, e))
         ref = L.moe_layout_reference(top, e)
         _check(L.MoELayout(*fields, num_experts=e), ref, name)
-        assert torch.equal(live.cpu(), (ref.dest.amax() // 16 + 1).reshape(1) * 16), f"{name}: live"
+        want = (ref.dest.amax() // 16 + 1).reshape(1) * 16  # the live_rows formula
+        assert torch.equal(live.cpu(), want), f"{name}: live"
+        assert torch.equal(ends.cpu(), torch.cat([ref.offs[1:-1], want]).to(torch.int32)), f"{name}: live ends"
+        assert torch.equal(filler.cpu(), torch.arange(ref.num_rows)[:, None] >= want), f"{name}: filler"
 
 
 def test_align_matches_nn():
@@ -125,21 +128,21 @@ def test_gpu_layout_in_cuda_graph():
         top.copy_(_random(64, 2, 8, seed, skew=seed - 8.0))
         graph.replay()
         _check(lay, L.moe_layout_reference(top, 8), f"replay {seed}")
-        ref = L.moe_layout_reference(top, 8)
-        assert torch.equal(lay.routed_end, (ref.dest.amax() // 16 + 1).reshape(1) * 16), f"replay {seed}: live"
+        live = (L.moe_layout_reference(top, 8).dest.amax() // 16 + 1).reshape(1) * 16
+        assert torch.equal(lay.live_outputs[0], live), f"replay {seed}: live"
 
 
 @pytest.mark.parametrize("path", ["reference", "kernel"])
 def test_live_rows_are_the_routed_rows_with_their_padding(path):
     """`MoELayout.live_rows` = sum_e round16(count_e) where the last expert's filler is most of Tp (decode), else
-    None; `filler` marks the rows past it. The layout kernel computes it in its launch (`routed_end`)."""
+    None; `filler` marks the rows past it. The layout kernel writes both in its launch (`live_outputs`)."""
     if path == "kernel" and not INTERPRETED:
         pytest.skip("the kernel path on CPU needs TRITON_INTERPRET=1 (the GPU runs it in test_gpu_layout_in_cuda_graph)")
     for name, top, e in _cases():
         if path == "kernel":
             with dispatch.using_backend("triton"):
                 lay = L.moe_layout(top, e)
-            assert lay.routed_end is not None, name
+            assert lay.live_outputs is not None, name
         else:
             lay = L.moe_layout_reference(top, e)
         counts = torch.bincount(top.reshape(-1), minlength=e)

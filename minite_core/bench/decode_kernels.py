@@ -108,7 +108,7 @@ def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
     from minite_core.kernels.decode import grouped_packed_gemm_triton, grouped_packed_schedule
     from minite_core.kernels.operands import PackedExperts
     from minite_core.kernels.quantize import quantize_triton
-    from minite_core.nn.experts import _GroupedMM, group_ends
+    from minite_core.nn.experts import _GroupedMM
     from minite_core.nn.moe_layout import moe_layout
     from minite_core.profiles import Quant
 
@@ -131,8 +131,7 @@ def bench_decode_moe(rec, reps=20, hidden=2048, inter=768, experts=128, topk=8):
             # the bf16 experts as the model runs them: the filler rows past the routed ones (most of Tp at decode)
             # skipped and zero-filled (MoELayout.live_rows); the "-all-rows" row times _grouped_mm over all of Tp
             live, routed = layout.live_rows(), layout.dest.numel()
-            t_bf16 = time_graph([lambda w=w: _GroupedMM.apply(x, w, w, *group_ends(layout), layout.filler())
-                                 for w in ws], reps)
+            t_bf16 = time_graph([lambda w=w: _GroupedMM.apply(x, w, w, layout) for w in ws], reps)
             rec.add(f"decode-moe-{name}-bf16-grouped_mm", shape, t_bf16, touched_experts=touched,
                     gbps=touched * n * k * 2 / t_bf16[0] / 1e6)
             t_all = time_graph([lambda w=w: torch._grouped_mm(x, w.transpose(-2, -1), offs=ends) for w in ws], reps)

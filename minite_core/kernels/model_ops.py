@@ -96,9 +96,9 @@ def swiglu(gate_up: torch.Tensor, *, reference, backend: str | None = None) -> t
     return kernel.SwiGLU.apply(gate_up)
 
 def moe_layout(top_idx: torch.Tensor, num_experts: int, total_rows: int, *, backend: str | None = None):
-    """The padded sorted MoE layout's fields of top_idx (N, k) (`nn.moe_layout.MoELayout`) in one launch on the fast
-    path for routings that fit it (kernels/moe_layout.py, equal field by field to the reference); None otherwise
-    (the caller runs the torch reference)."""
+    """The padded sorted MoE layout's fields of top_idx (N, k) (`nn.moe_layout.MoELayout`) and its live outputs, in
+    one launch on the fast path for routings that fit it (kernels/moe_layout.py, equal field by field to the
+    reference); None otherwise (the caller runs the torch reference)."""
     if not fast_path(top_idx, backend):
         return None
     from minite_core.kernels import moe_layout as kernel

@@ -9,11 +9,13 @@ How (passes over the flat (N·k) assignments `e_i`, chunks of C against all BLOC
 1. counts_e = sum_i [e_i == e]; offs = exclusive cumsum of round16(counts) (offs[E] = Tp, from shapes only).
    Every program computes it (N·k is small; a grid-wide barrier would cost more).
 2. program 0: rank_i = #{j < i : e_j == e_i} (the stable argsort's order): a running per-expert count plus the
-   exclusive cumsum of the chunk's one-hot along i; dest_i = offs[e_i] + rank_i; src[dest_i] = i // k; and
-   live = round16(max_i dest_i + 1), `MoELayout.live_rows` (the routed rows' end: the decode GEMMs stop there).
+   exclusive cumsum of the chunk's one-hot along i; dest_i = offs[e_i] + rank_i; src[dest_i] = i // k. It also
+   writes live = sum_e round16(count_e) (`MoELayout.live_rows`: the routed rows' end, where the decode GEMMs
+   stop) and the int32 segment ends with the last one at live (torch._grouped_mm's offs, bf16 experts).
 3. programs 1..: R padded rows r each: row_expert = #{1 <= e < E : offs_e <= r} (searchsorted(offs[1:E], r,
    right=True)), row_local = r - offs[row_expert]; a pad row (row_local >= counts[row_expert]) gets src = N.
-   Real and pad rows are disjoint, so the scatter of pass 2 and the stores of pass 3 need no barrier.
+   Real and pad rows are disjoint, so the scatter of pass 2 and the stores of pass 3 need no barrier. The rows
+   from live on are the filler (a bool a row).
 Pass 3 once ran in the one program of pass 2: 8 serial chunks of Tp = 976 rows at one token (top-8 of 64) took
 ~42 us a layer on an H100, a fifth of a decode step (`minite bench sampler --model qwen3-moe-827m --op-profile`).
 Integer-exact, static shapes, no host sync: capturable in a CUDA graph. Tested equal to the torch layout field by
@@ -43,28 +45,31 @@ def fits(num_assign: int, num_experts: int) -> bool:
 
 @triton.jit
 def _padded_offsets(idx_ptr, M, ex, BLOCK_E: tl.constexpr, C: tl.constexpr):
-    """Pass 1: (counts, segment starts) per expert, the starts an exclusive cumsum of round16(counts)."""
+    """Pass 1: (counts, round16(counts), segment starts: their exclusive cumsum) per expert."""
     ci = tl.arange(0, C)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for i0 in range(0, M, C):
         e = tl.load(idx_ptr + i0 + ci, mask=i0 + ci < M, other=-1).to(tl.int32)
         counts += tl.sum((e[:, None] == ex[None, :]).to(tl.int32), axis=0)
     padded = (counts + ALIGN - 1) // ALIGN * ALIGN
-    return counts, tl.cumsum(padded, axis=0) - padded
+    return counts, padded, tl.cumsum(padded, axis=0) - padded
 
 
 @triton.jit
-def _layout_kernel(idx_ptr, offs_ptr, dest_ptr, src_ptr, rexp_ptr, rloc_ptr, live_ptr, M, N, K, E, TP,
+def _layout_kernel(idx_ptr, offs_ptr, dest_ptr, src_ptr, rexp_ptr, rloc_ptr, live_ptr, ends_ptr, filler_ptr,
+                   M, N, K, E, TP,
                    BLOCK_E: tl.constexpr, C: tl.constexpr, R: tl.constexpr):
     ex = tl.arange(0, BLOCK_E)  # (BLOCK_E,) expert ids
-    counts, offs = _padded_offsets(idx_ptr, M, ex, BLOCK_E, C)  # every program: cheaper than a barrier
+    counts, padded, offs = _padded_offsets(idx_ptr, M, ex, BLOCK_E, C)  # every program: cheaper than a barrier
+    live = tl.sum(padded, axis=0)  # the routed rows' end (MoELayout.live_rows)
     pid = tl.program_id(0)
-    if pid == 0:  # offs, then pass 2: stable rank inside the expert -> dest, src of the real rows
+    if pid == 0:  # offs, the live outputs, then pass 2: stable rank inside the expert -> dest, src of the real rows
         tl.store(offs_ptr + ex, offs.to(tl.int64), mask=ex < E)
         tl.store(offs_ptr + E, TP.to(tl.int64))
+        tl.store(live_ptr, live.to(tl.int64))
+        tl.store(ends_ptr + ex, tl.where(ex == E - 1, live, offs + padded), mask=ex < E)
         ci = tl.arange(0, C)
         seen = tl.zeros([BLOCK_E], dtype=tl.int32)  # assignments of each expert in earlier chunks
-        last = tl.zeros([C], dtype=tl.int32)  # the last routed row so far, per chunk lane
         for i0 in range(0, M, C):
             i = i0 + ci
             e = tl.load(idx_ptr + i, mask=i < M, other=-1).to(tl.int32)
@@ -74,8 +79,6 @@ def _layout_kernel(idx_ptr, offs_ptr, dest_ptr, src_ptr, rexp_ptr, rloc_ptr, liv
             tl.store(dest_ptr + i, dest.to(tl.int64), mask=i < M)
             tl.store(src_ptr + dest, (i // K).to(tl.int64), mask=i < M)
             seen += tl.sum(hot, axis=0)
-            last = tl.maximum(last, tl.where(i < M, dest, 0))
-        tl.store(live_ptr, ((tl.max(last, axis=0) // ALIGN + 1) * ALIGN).to(tl.int64))  # MoELayout.live_rows
     else:  # pass 3 on rows [(pid - 1)·R, pid·R): expert and local index of every padded row; pad rows read token N
         r = (pid - 1) * R + tl.arange(0, R)
         le = offs[None, :] <= r[:, None]  # (R, BLOCK_E)
@@ -86,12 +89,14 @@ def _layout_kernel(idx_ptr, offs_ptr, dest_ptr, src_ptr, rexp_ptr, rloc_ptr, liv
         tl.store(rexp_ptr + r, rexp.to(tl.int64), mask=r < TP)
         tl.store(rloc_ptr + r, local.to(tl.int64), mask=r < TP)
         tl.store(src_ptr + r, tl.full([R], 0, tl.int64) + N, mask=(r < TP) & (local >= cnt))
+        tl.store(filler_ptr + r, (r >= live).to(tl.int8), mask=r < TP)
 
 
 def moe_layout_triton(top_idx: torch.Tensor, num_experts: int, tp: int):
-    """top_idx (N, k) expert ids, Tp -> (offs (E+1,), dest (N, k), src (Tp,), row_expert (Tp,), row_local (Tp,),
-    live (1,)), all int64, equal to `nn.moe_layout.moe_layout_reference`'s fields and its `live_rows` formula (the
-    last routed row rounded up to 16). One launch."""
+    """top_idx (N, k) expert ids, Tp -> the layout's fields (offs (E+1,), dest (N, k), src (Tp,), row_expert (Tp,),
+    row_local (Tp,), all int64), equal to `nn.moe_layout.moe_layout_reference`'s, and its live outputs (live (1,)
+    int64 = sum_e round16(count_e); the segment ends (E,) int32 with the last one at live; filler (Tp, 1) bool, the
+    rows from live on): `MoELayout.live_rows`, `group_ends`' live ends and `MoELayout.filler`. One launch."""
     n, k = top_idx.shape
     m, e, dev = n * k, num_experts, top_idx.device
     if not fits(m, e):
@@ -103,6 +108,9 @@ def moe_layout_triton(top_idx: torch.Tensor, num_experts: int, tp: int):
     dest = torch.empty(n, k, dtype=torch.int64, device=dev)
     src, row_expert, row_local = (torch.empty(tp, dtype=torch.int64, device=dev) for _ in range(3))
     live = torch.empty(1, dtype=torch.int64, device=dev)
-    _layout_kernel[(1 + triton.cdiv(tp, rows),)](top_idx.contiguous(), offs, dest, src, row_expert, row_local, live,
-                                                 m, n, k, e, tp, BLOCK_E=block_e, C=chunk, R=rows, num_warps=4)
-    return offs, dest, src, row_expert, row_local, live
+    ends = torch.empty(e, dtype=torch.int32, device=dev)
+    filler = torch.empty(tp, 1, dtype=torch.bool, device=dev)
+    _layout_kernel[(1 + triton.cdiv(tp, rows),)](
+        top_idx.contiguous(), offs, dest, src, row_expert, row_local, live, ends, filler.view(torch.int8),
+        m, n, k, e, tp, BLOCK_E=block_e, C=chunk, R=rows, num_warps=4)
+    return (offs, dest, src, row_expert, row_local), (live, ends, filler)

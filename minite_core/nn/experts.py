@@ -84,41 +84,55 @@ def _bf16_weight(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, w_bf16, ends, live_ends, filler):
-        # x (Tp, K) bf16; w_bf16 (E, N, K); ends (E,) int32 segment ends; live_ends: the same with the last one at
-        # MoELayout.live_rows, filler: the rows past it (None: no filler to skip), whose outputs are zeros
-        ctx.save_for_backward(x, w_bf16, ends)
-        ctx.w_dtype = weight.dtype
+    def forward(ctx, x, weight, w_bf16, layout: MoELayout):
+        # x (Tp, K) bf16; w_bf16 (E, N, K). At decode the segments end at MoELayout.live_rows (group_ends) and the
+        # filler past it, not computed, is written as the zeros it is
+        ctx.save_for_backward(x, w_bf16)
+        ctx.w_dtype, ctx.layout = weight.dtype, layout
+        live_ends, filler = group_ends(layout)
         y = torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=live_ends)  # rows past live_ends[-1]: not written
         return y if filler is None else y.masked_fill_(filler, 0)
 
     @staticmethod
     def backward(ctx, dy):
-        x, w_bf16, ends = ctx.saved_tensors
+        x, w_bf16 = ctx.saved_tensors
+        ends = segment_ends(ctx.layout)
         dy = dy.contiguous()
         dx = torch._grouped_mm(dy, w_bf16, offs=ends) if ctx.needs_input_grad[0] else None  # (Tp, K)
         dw = None
         if ctx.needs_input_grad[1]:  # (E, N, K): per group dyᵀ x over the group's rows
             dw = torch._grouped_mm(dy.t(), x, offs=ends).to(ctx.w_dtype)
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None
 
 
-def group_ends(layout: MoELayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """_grouped_mm's `offs` for this layout, int32 (E,): the segment ends, and the same with the last one at
-    `MoELayout.live_rows` (decode: the filler past it is skipped in the forward, its outputs zeros). Cached."""
+def segment_ends(layout: MoELayout) -> torch.Tensor:
+    """_grouped_mm's `offs` for this layout: the segment ends, int32 (E,). Cached."""
     ends = layout.cache.get("ends")
     if ends is None:
         ends = layout.cache["ends"] = layout.offs[1:].to(torch.int32)
-        live = layout.live_rows()
-        layout.cache["live_ends"] = ends if live is None else torch.cat([ends[:-1], live.to(torch.int32)])
-    return ends, layout.cache["live_ends"]
+    return ends
+
+
+def group_ends(layout: MoELayout) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A forward's _grouped_mm `offs` and filler mask: the segment ends with the last one at
+    `MoELayout.live_rows` and the rows past it (decode: the filler is skipped, its outputs zeros), or the plain
+    ends and None. From the layout kernel's launch where it ran, else derived once (cached)."""
+    live = layout.live_rows()
+    if live is None:
+        return segment_ends(layout), None
+    if layout.live_outputs is not None:
+        return layout.live_outputs[1], layout.filler()
+    live_ends = layout.cache.get("live_ends")
+    if live_ends is None:
+        live_ends = layout.cache["live_ends"] = torch.cat([segment_ends(layout)[:-1], live.to(torch.int32)])
+    return live_ends, layout.filler()
 
 
 def _grouped_bf16(x, weight, layout, profile, cache):
     dtype = torch_dtype(profile.dtype)
     if dtype != torch.bfloat16:
         raise ValueError(f"profile {profile.name!r}: the fast grouped path runs bf16 only, got dtype {profile.dtype}")
-    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), *group_ends(layout), layout.filler())
+    return _GroupedMM.apply(x.to(dtype), weight, _bf16_weight(weight, cache), layout)
 
 
 # ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------

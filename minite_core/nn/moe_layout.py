@@ -40,7 +40,10 @@ class MoELayout:
     row_expert: torch.Tensor  # (Tp,) int64: expert of each padded row
     row_local: torch.Tensor  # (Tp,) int64: row index inside its expert's segment
     num_experts: int
-    routed_end: torch.Tensor | None = None  # (1,) int64: `live_rows`' value, where the layout kernel computed it
+    # what the layout kernel (kernels/moe_layout.py) writes in its launch for `live_rows`, `filler` and the bf16
+    # experts' group ends (nn.experts.group_ends): live (1,) int64, the ends (E,) int32 with the last at live, the
+    # filler (Tp, 1) bool; None on the torch path, which derives them when asked
+    live_outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     cache: dict = field(default_factory=dict)  # per-layout derived tensors (tile schedules), built on first use
 
     @property
@@ -57,12 +60,11 @@ class MoELayout:
         n, k = self.dest.shape
         if 2 * n * k >= self.num_rows:
             return None
+        if self.live_outputs is not None:
+            return self.live_outputs[0]
         live = self.cache.get("live_rows")
         if live is None:
-            live = self.routed_end
-            if live is None:
-                live = ((self.dest.amax() // ALIGN + 1) * ALIGN).reshape(1)
-            self.cache["live_rows"] = live
+            live = self.cache["live_rows"] = ((self.dest.amax() // ALIGN + 1) * ALIGN).reshape(1)
         return live
 
     def filler(self) -> torch.Tensor | None:
@@ -70,6 +72,8 @@ class MoELayout:
         live = self.live_rows()
         if live is None:
             return None
+        if self.live_outputs is not None:
+            return self.live_outputs[2]
         mask = self.cache.get("filler")
         if mask is None:
             rows = torch.arange(self.num_rows, device=live.device)[:, None]
@@ -100,8 +104,8 @@ def moe_layout(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
     fields = dispatch.moe_layout(top_idx, num_experts, padded_rows(N, k, num_experts))
     if fields is None:
         return moe_layout_reference(top_idx, num_experts)
-    *fields, routed_end = fields
-    return MoELayout(*fields, num_experts=num_experts, routed_end=routed_end)
+    fields, live_outputs = fields
+    return MoELayout(*fields, num_experts=num_experts, live_outputs=live_outputs)
 
 
 def moe_layout_reference(top_idx: torch.Tensor, num_experts: int) -> MoELayout:
