@@ -120,11 +120,12 @@ class Profile:
     # weight's exact bf16 copy e2m1(q)·sf is cached once per optimizer step and read by the bf16 tensor-core GEMM
     # (cuBLAS dense, kernels.grouped for experts): the learner's GEMMs. "packed": the GEMM reads the packed codes +
     # E4M3 scales and dequantizes in its main loop (0.5625 B per weight instead of 2; W4A4 with the activation
-    # quantizer fused; experts in one grouped launch): up to 16 rows the tensor-core kernel on weights stored in
-    # the MMA's fragment order (kernels/decode_mma.py, sm_80+), above that kernels/decode.py. Same values, another
-    # fp32 accumulation order (fixed K chunks; not cuBLAS's), so it is a knob of its own whose effect on k3 the
-    # diagnostics measure (pair a profile with its "-packed" variant). On the CPU reference path both read the
-    # packed weight and are one computation; without NVFP4 weights (bf16, boundary layers) the knob has no effect.
+    # quantizer fused; experts in one grouped launch; q|k|v in one launch, nn.linear.group_decode): up to 16 rows
+    # the tensor-core kernel on weights stored in the MMA's fragment order (kernels/decode_mma.py, sm_80+), above
+    # that kernels/decode.py. Same values, another fp32 accumulation order (K chunks and slices fixed by the
+    # shape; not cuBLAS's), so it is a knob of its own whose effect on k3 the diagnostics measure (pair a profile
+    # with its "-packed" variant). On the CPU reference path both read the packed weight and are one computation;
+    # without NVFP4 weights (bf16, boundary layers) the knob has no effect.
     # Default "cached-bf16": every registered profile keeps its numerics.
     decode_gemm: str = "cached-bf16"
     # Batch-invariant forward kernels (minite-onpolicy): a row's bits do not depend on the other rows of the call

@@ -232,6 +232,37 @@ def test_packed_sampler_equals_reference_sampler(model_name, profile, one_thread
     assert not FastSampler(model, profile, graph=False).step_host_syncs(PROMPTS)  # capturable: no host sync
 
 
+def _check_group_decode(device):
+    """q|k|v as one packed GEMM (nn.linear.group_decode) == the three member GEMMs, bitwise on few-bit inputs
+    (exact sums: the split of K, which follows N, cannot show); None where it must not apply."""
+    from minite_core.nn.linear import group_decode
+
+    model = _model("tiny-dense", device)
+    x = _few_bits(torch.randn(3, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(2))).to(device)
+    for profile in PACKED:
+        set_profile(model, profile)
+        group = model.model.layers[0].self_attn.q_proj.fused_group
+        with torch.no_grad():
+            got, want = group_decode(group, x), [m(x) for m in group]
+        assert got is not None, profile
+        for g, w, m in zip(got, want, group):
+            assert g.shape == w.shape == (3, 5, m.out_features) and torch.equal(g, w), profile
+        handle = group[1].register_forward_hook(lambda *a: None)  # a hook sees its member's own call
+        with torch.no_grad():
+            assert group_decode(group, x) is None, profile
+        handle.remove()
+    assert group_decode(group, x) is None  # grad mode, trainable weights: the members' autograd path
+    set_profile(model, "minite")
+    with torch.no_grad():
+        assert group_decode(group, x) is None  # cached-bf16 decode: no packed GEMM to fuse
+
+
+@cpu_kernels
+def test_group_decode_equals_member_gemms(one_thread):
+    dispatch.set_backend("triton")  # the interpreter (conftest restores the backend)
+    _check_group_decode(DEV)
+
+
 # ---- GPU (the H200) --------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
@@ -239,6 +270,12 @@ def test_packed_sampler_equals_reference_sampler(model_name, profile, one_thread
 def test_gpu_packed_gemm_equals_block_order_reference(m):
     _check_dense(m, 40, 96, "cuda")  # bitwise (exact sums)
     _check_dense(m, 4096, 4096, "cuda", exact=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+def test_gpu_group_decode_equals_member_gemms():
+    _check_group_decode("cuda")
 
 
 @pytest.mark.gpu

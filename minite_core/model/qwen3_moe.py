@@ -42,6 +42,7 @@ from minite_core.kernels import dispatch
 from minite_core.model.config import ModelConfig
 from minite_core.model.kv_cache import KVCache
 from minite_core.nn import GroupedLinear, QuantLinear
+from minite_core.nn.linear import group_decode
 from minite_core.nn.operands import cast_weight, torch_dtype
 from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
 from minite_core.nn.recompute import recompute
@@ -151,9 +152,11 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, cache: KVCache | None):
         # x: (B, T, D); mask: (B, 1, T, S) bool (True = attend) or its `attention_bias`, or None (= plain causal)
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        # decode under a packed-weight profile: q|k|v in one GEMM (nn.linear.group_decode); else one GEMM each
+        q, k, v = group_decode(self.q_proj.fused_group, x) or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
+        k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
         p = self.o_proj.profile
         rope_dtype = torch_dtype(p.rope_dtype) if p.rope_dtype else None  # profile knob: rotation precision
         q, k = (apply_rope(t, cos, sin, rope_dtype, p.kernel_rounding) for t in (q, k))

@@ -23,6 +23,7 @@ A fused group (q/k/v, gate/up: `QuantLinear.fused_group`) reads one input: its m
 (`operands.InputQuant`) — the forward operand and the saved xᵀ are the same bits for every member, as in vLLM's
 QKVParallelLinear and Megatron-TE's fused linears, where they are one GEMM. On the H200's decode step that is 8 of
 minite's 24 activation-quantizer launches (4 layers); in the learner, 2 of 3 along-token passes and saved xᵀ.
+At decode, under the packed-weight GEMM, the group is one GEMM too (`group_decode`: one launch for q|k|v).
 
 What the GEMMs compute once the operands are quantized is the profile's arithmetic (nn.arithmetic: the
 reference, W4A16, the packed-weight GEMM, vLLM's CPU kernel, TE's reference GEMM), chosen once per profile; this
@@ -44,7 +45,7 @@ from minite_core.nn import nonfinite
 from minite_core.nn.arithmetic import GemmCall, linear_gemm
 from minite_core.nn.fp32_split import fp32_split_linear
 from minite_core.nn.operands import (InputQuant, cast_weight, fused_weight_amax, input_quant, pad_tokens, shard_amax,
-                                     torch_dtype)
+                                     torch_dtype, weight_operand)
 from minite_core.nn.shard import current as current_shard
 from minite_core.profiles import PROFILES, Profile
 from minite_core.seeds import wgrad_seed
@@ -170,6 +171,52 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
     y = _NVFP4Linear.apply(x.reshape(-1, x.shape[-1]).to(dtype), weight, profile, input_amax, seed, cache, key, fused,
                            wgrad, shared)
     return y.reshape(*lead, weight.shape[0])
+
+
+def group_decode(group: tuple, x: torch.Tensor) -> list[torch.Tensor] | None:
+    """The members of a fused group (q/k/v) on one input x (..., K) as ONE packed-weight decode GEMM over their
+    stacked codes and scales (vLLM's QKVParallelLinear at decode): one launch instead of one a member, where every
+    member runs its profile's packed GEMM (decode_gemm="packed") on the fast path, without gradients, with one
+    global weight scale for the group (fused_weight_scale) and, for static activation scales, the same amax, and
+    no module hooks. Returns each member's (..., N_i), or None (the caller runs the members). A column's products
+    are the member GEMM's; the kernel splits K by the total N (kernels/decode_mma.split_k), so its fp32 sums may
+    group differently: the packed profiles name that order (profiles.py `decode_gemm`)."""
+    first, p = group[0], group[0].profile
+    if (not linear_gemm(p).packed or not p.fused_weight_scale or p.weight is None or not dispatch.fast_path(x)
+            or current_shard() is not None or any(m.profile is not p or m._forward_hooks or m._forward_pre_hooks
+                                                 for m in group)
+            or (torch.is_grad_enabled() and (x.requires_grad or any(m.weight.requires_grad for m in group)))):
+        return None
+    amax = None
+    if p.activation is not None and p.activation.static:
+        amax = first.input_amax
+        if amax is None or not _same_static_amax(group):
+            return None
+    fused = fused_weight_amax(group)
+    hit = first.weight_cache.get(("group-packed", p.weight))
+    if hit is None or hit[0] != fused[1]:
+        ops = [weight_operand(m.weight, p.weight, m.weight_cache, ("w", "n"), fused, packed=True) for m in group]
+        stacked = NVFP4Tensor(torch.cat([o.data for o in ops]), torch.cat([o.scale for o in ops]),
+                              ops[0].global_scale)  # one amax for the group: one global scale
+        hit = first.weight_cache[("group-packed", p.weight)] = (fused[1], stacked)
+    lead = x.shape[:-1]
+    y = dispatch.decode_gemm(x.reshape(-1, x.shape[-1]).to(torch_dtype(p.dtype)).detach(), hit[1], act=p.activation,
+                             amax=amax, out_dtype=torch_dtype(p.dtype))
+    return [part.reshape(*lead, part.shape[-1]) for part in y.split([m.out_features for m in group], dim=-1)]
+
+
+def _same_static_amax(group: tuple) -> bool:
+    """Whether the members' calibrated input amaxes are equal (they see one input; a loaded checkpoint may differ).
+    Compared on the host once per set of versions, never while a CUDA graph is being captured (then: False)."""
+    key = tuple((m.input_amax._version, m.input_amax.data_ptr()) if m.input_amax is not None else None
+                for m in group)
+    hit = group[0].__dict__.get("_same_input_amax")
+    if hit is None or hit[0] != key:
+        if any(k is None for k in key) or (group[0].input_amax.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return False
+        hit = (key, all(torch.equal(m.input_amax, group[0].input_amax) for m in group[1:]))
+        group[0].__dict__["_same_input_amax"] = hit
+    return hit[1]
 
 
 class QuantLinear(nn.Module):
