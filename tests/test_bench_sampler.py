@@ -141,3 +141,12 @@ def test_packed_rows_against_cached_in_the_same_run(one_thread):
         rows["minite-packed"]["tokens_per_s"] / rows["minite"]["tokens_per_s"])
     assert "speedup_vs_cached" not in rows["minite"]
     assert "| minite-packed |" in sampler_table(res)
+
+
+def test_op_profile_keys_batch_1_and_16(one_thread):
+    """`--op-profile` on a weight-bound / model shape profiles a decode step at batch 1 and 16 (the targets' batches)."""
+    cfg = dataclasses.replace(bench.CONFIGS["tiny"], profiles=("bf16",), shapes=("weight-bound",),
+                              reps=1, weight_bound_batches=(1,), op_profile=True)
+    res = bench.run(cfg, torch.device("cpu"), log=lambda s: None)
+    assert set(res["op_profile"]) == {"weight-bound/bf16", "weight-bound/bf16/b16"}
+    assert res["op_profile"]["weight-bound/bf16/b16"]["batch"] == 16

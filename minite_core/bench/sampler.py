@@ -77,7 +77,7 @@ class SamplerBenchConfig:
     cpu_threads: int | None = None
     seed: int = 0
     op_profile: bool = False  # per profile, the kernels of one decode step (untimed): RL shape at reference_batch,
-    # the others at batch 1
+    # the others at batch 1 ("<shape>/<profile>") and 16 ("<shape>/<profile>/b16")
     model: str | None = None  # a checkpoint dir / preset: the "model" shape (module docstring)
 
 
@@ -234,10 +234,11 @@ def run(cfg: SamplerBenchConfig, device: torch.device, log=print) -> dict:
                 if cfg.op_profile:
                     prompts = _prompts(cfg.reference_batch, cfg, model.config.vocab_size)
                     profiles = {name: op_profile(model, name, prompts, cfg, device, log) for name in cfg.profiles}
-            elif cfg.op_profile:  # weight-bound, model: batch 1, where a step's time goes against the byte limit
-                prompts = _prompts(1, cfg, model.config.vocab_size)
-                profiles.update({f"{shape}/{name}": op_profile(model, name, prompts, cfg, device, log)
-                                 for name in cfg.profiles})
+            elif cfg.op_profile:  # weight-bound, model: batch 1 and 16, where a step's time goes against the bytes
+                for batch in (1, 16):
+                    prompts = _prompts(batch, cfg, model.config.vocab_size)
+                    profiles.update({f"{shape}/{name}" + ("" if batch == 1 else f"/b{batch}"):
+                                     op_profile(model, name, prompts, cfg, device, log) for name in cfg.profiles})
             del model
         log(f"sampler bench: {time.perf_counter() - t0:.1f} s")
     finally:
