@@ -153,7 +153,8 @@ class Attention(nn.Module):
         # x: (B, T, D); mask: (B, 1, T, S) bool (True = attend) or its `attention_bias`, or None (= plain causal)
         B, T, _ = x.shape
         # decode under a packed-weight profile: q|k|v in one GEMM (nn.linear.group_decode); else one GEMM each
-        q, k, v = group_decode(self.q_proj.fused_group, x) or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        qkv = group_decode(getattr(self.q_proj, "fused_group", ()), x)  # a peer's linears have no group
+        q, k, v = qkv or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)

@@ -119,10 +119,14 @@ class Packed(Reference):
     def fprop(self, call, x, input_amax, shared):
         if not dispatch.fast_path(x):
             return self.base.fprop(call, x, input_amax, shared)
-        act = call.profile.activation
+        return self.fprop_packed(call.profile, x, call.weight_op("n", packed=True), input_amax)
+
+    @staticmethod
+    def fprop_packed(profile, x, w: NVFP4Tensor, input_amax) -> torch.Tensor:
+        """The fast path's GEMM on a packed weight (also a fused group's stacked weights, nn.linear.group_decode)."""
+        act = profile.activation
         amax = input_amax if act is not None and act.static else None
-        return dispatch.decode_gemm(x.detach(), call.weight_op("n", packed=True), act=act, amax=amax,
-                                    out_dtype=x.dtype)
+        return dispatch.decode_gemm(x.detach(), w, act=act, amax=amax, out_dtype=x.dtype)
 
 
 class VllmCpu(Reference):

@@ -181,6 +181,8 @@ def group_decode(group: tuple, x: torch.Tensor) -> list[torch.Tensor] | None:
     no module hooks. Returns each member's (..., N_i), or None (the caller runs the members). A column's products
     are the member GEMM's; the kernel splits K by the total N (kernels/decode_mma.split_k), so its fp32 sums may
     group differently: the packed profiles name that order (profiles.py `decode_gemm`)."""
+    if not group or not all(isinstance(m, QuantLinear) for m in group):  # e.g. a peer's modules swapped in
+        return None
     first, p = group[0], group[0].profile
     if (not linear_gemm(p).packed or not p.fused_weight_scale or p.weight is None or not dispatch.fast_path(x)
             or current_shard() is not None or any(m.profile is not p or m._forward_hooks or m._forward_pre_hooks
@@ -200,8 +202,7 @@ def group_decode(group: tuple, x: torch.Tensor) -> list[torch.Tensor] | None:
                               ops[0].global_scale)  # one amax for the group: one global scale
         hit = first.weight_cache[("group-packed", p.weight)] = (fused[1], stacked)
     lead = x.shape[:-1]
-    y = dispatch.decode_gemm(x.reshape(-1, x.shape[-1]).to(torch_dtype(p.dtype)).detach(), hit[1], act=p.activation,
-                             amax=amax, out_dtype=torch_dtype(p.dtype))
+    y = linear_gemm(p).fprop_packed(p, x.reshape(-1, x.shape[-1]).to(torch_dtype(p.dtype)), hit[1], amax)
     return [part.reshape(*lead, part.shape[-1]) for part in y.split([m.out_features for m in group], dim=-1)]
 
 
