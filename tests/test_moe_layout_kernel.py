@@ -66,9 +66,9 @@ def _check_cases(device):
         fields, (live, ends, filler) = K.moe_layout_triton(top, e, L.padded_rows(*top.shape, e))
         ref = L.moe_layout_reference(top, e)
         _check(L.MoELayout(*fields, num_experts=e), ref, name)
-        want = (ref.dest.amax() // 16 + 1).reshape(1) * 16  # the live_rows formula
+        want = ((ref.dest.amax() // 16 + 1).reshape(1) * 16).cpu()  # the live_rows formula
         assert torch.equal(live.cpu(), want), f"{name}: live"
-        assert torch.equal(ends.cpu(), torch.cat([ref.offs[1:-1], want]).to(torch.int32)), f"{name}: live ends"
+        assert torch.equal(ends.cpu(), torch.cat([ref.offs[1:-1].cpu(), want]).to(torch.int32)), f"{name}: live ends"
         assert torch.equal(filler.cpu(), torch.arange(ref.num_rows)[:, None] >= want), f"{name}: filler"
 
 

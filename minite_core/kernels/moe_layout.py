@@ -17,7 +17,8 @@ How (passes over the flat (N·k) assignments `e_i`, chunks of C against all BLOC
    Real and pad rows are disjoint, so the scatter of pass 2 and the stores of pass 3 need no barrier. The rows
    from live on are the filler (a bool a row).
 Pass 3 once ran in the one program of pass 2: 8 serial chunks of Tp = 976 rows at one token (top-8 of 64) took
-~42 us a layer on an H100, a fifth of a decode step (`minite bench sampler --model qwen3-moe-827m --op-profile`).
+~42 us a layer on an H100, a fifth of a decode step; as a grid, 4 us (`minite bench sampler --model
+qwen3-moe-827m --op-profile`, results/h100/decode).
 Integer-exact, static shapes, no host sync: capturable in a CUDA graph. Tested equal to the torch layout field by
 field (tests/test_moe_layout_kernel.py).
 """
