@@ -204,7 +204,7 @@ def grouped_schedule(offs: torch.Tensor, block_m: int, total_rows: int, live: to
     count = torch.empty(1, dtype=torch.int64, device=offs.device)
     # 32 tiles a program at most: one program over the 72 tiles of 16 tokens x top-8 / 64 experts ((128, 64) int64
     # compares) took 15 us on an H100 (`4461ae1`), one over 9 tiles 2.6 us
-    tiles = max(16, min(triton.next_power_of_2(max_tiles), 8192 // triton.next_power_of_2(max(e, 16)), 32))
+    tiles = 16 if max_tiles <= 16 else 32
     _schedule_kernel[(triton.cdiv(max_tiles, tiles),)](
         offs.to(torch.int64), offs if live is None else live, expert, row, count, e, max_tiles, BM=block_m,
         LIVE=live is not None, BLOCK_E=triton.next_power_of_2(max(e, 16)), T=tiles)

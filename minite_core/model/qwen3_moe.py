@@ -150,10 +150,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None):
-        # x: (B, T, D); mask: (B, 1, T, S) bool (True = attend) or its `attention_bias`, or None (= plain causal)
+        # x: (B, T, D); mask: (B, 1, T, S) bool (True = attend; its `attention_bias` where SDPA runs), or None
+        # (= plain causal)
         B, T, _ = x.shape
         # decode under a packed-weight profile: q|k|v in one GEMM (nn.linear.group_decode); else one GEMM each
-        qkv = group_decode(getattr(self.q_proj, "fused_group", ()), x)  # a peer's linears have no group
+        qkv = group_decode((self.q_proj, self.k_proj, self.v_proj), x)
         q, k, v = qkv or (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
@@ -165,8 +166,7 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, Dh)
         att_dtype = torch_dtype(p.attention_dtype or p.dtype)  # profile knob: softmax(QK^T)V precision
         if p.batch_invariant:  # profile knob: one kernel for learner, prefill, decode (kernels/attention.py)
-            allowed = mask if mask is None or mask.dtype == torch.bool else mask == 0
-            o = dispatch.attention(q, k, v, allowed, kernel=p.attention_kernel)  # fp32 inside, q's dtype out (RNE)
+            o = dispatch.attention(q, k, v, mask, kernel=p.attention_kernel)  # fp32 inside, q's dtype out (RNE)
             return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
         o = F.scaled_dot_product_attention(q.to(att_dtype), k.to(att_dtype), v.to(att_dtype),
                                            attn_mask=attention_bias(mask, att_dtype),
@@ -177,11 +177,10 @@ class Attention(nn.Module):
 
 def attention_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """A boolean attention mask (True = attend) as SDPA converts it before any backend runs: 0 where True, -inf
-    where False, in `dtype` (q's); an additive mask already in `dtype` (or None) as it is."""
-    if mask is None or mask.dtype == dtype:
+    where False, in `dtype` (q's); an additive mask (or None) as it is."""
+    if mask is None or mask.dtype != torch.bool:
         return mask
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    return torch.where(allowed, 0.0, float("-inf")).to(dtype)
+    return torch.where(mask, 0.0, float("-inf")).to(dtype)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

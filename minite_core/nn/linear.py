@@ -174,14 +174,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, profile: Profile, *, role: str
 
 
 def group_decode(group: tuple, x: torch.Tensor) -> list[torch.Tensor] | None:
-    """The members of a fused group (q/k/v) on one input x (..., K) as ONE packed-weight decode GEMM over their
-    stacked codes and scales (vLLM's QKVParallelLinear at decode): one launch instead of one a member, where every
-    member runs its profile's packed GEMM (decode_gemm="packed") on the fast path, without gradients, with one
-    global weight scale for the group (fused_weight_scale) and, for static activation scales, the same amax, and
-    no module hooks. Returns each member's (..., N_i), or None (the caller runs the members). A column's products
-    are the member GEMM's; the kernel splits K by the total N (kernels/decode_mma.split_k), so its fp32 sums may
-    group differently: the packed profiles name that order (profiles.py `decode_gemm`)."""
-    if not group or not all(isinstance(m, QuantLinear) for m in group):  # e.g. a peer's modules swapped in
+    """The modules of a fused group (q/k/v: each one's `fused_group` is `group`; a peer's module swapped in has
+    none) on one input x (..., K) as ONE packed-weight decode GEMM over their stacked codes and scales (vLLM's
+    QKVParallelLinear at decode): one launch instead of one a member, where every member runs its profile's packed
+    GEMM (decode_gemm="packed") on the fast path, without gradients, with one global weight scale for the group
+    (fused_weight_scale) and, for static activation scales, the same amax, and no module hooks. Returns each
+    member's (..., N_i), or None (the caller runs the members). A column's products are the member GEMM's; the
+    kernel splits K by the total N (kernels/decode_mma.split_k), so its fp32 sums may group differently: the
+    packed profiles name that order (profiles.py `decode_gemm`)."""
+    if not group or not all(getattr(m, "fused_group", None) == group for m in group):  # not (or no longer) one group
         return None
     first, p = group[0], group[0].profile
     if (not linear_gemm(p).packed or not p.fused_weight_scale or p.weight is None or not dispatch.fast_path(x)
