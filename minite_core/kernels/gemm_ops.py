@@ -1,9 +1,9 @@
 """The GEMM entry points of kernels.dispatch: y = â b̂ᵀ with fp32 accumulation on every backend, equal across
 backends up to accumulation order — dense (`gemm`; the fixed-tile batch-invariant one with `invariant=True`),
-grouped over MoE experts (`grouped_gemm`; `grouped_gemm_quant` with the activation quantizer fused into it; the
-wgrad's `kgrouped_gemm`), from packed weights (`decode_gemm`, `grouped_decode_gemm`: the profile knob
-decode_gemm="packed"), W4A16 (`gemm_w4a16`), and the two peer arithmetics a profile can name (`gemm_te_reference`,
-`gemm_vllm_cpu`: plain torch everywhere).
+grouped over MoE experts (`grouped_gemm`, with the activation quantizer fused into its prologue `grouped_gemm_quant`:
+kernels/quant_prologue.py; the wgrad's `kgrouped_gemm`), from packed weights
+(`decode_gemm`, `grouped_decode_gemm`: the profile knob decode_gemm="packed"), W4A16 (`gemm_w4a16`), and the two
+peer arithmetics a profile can name (`gemm_te_reference`, `gemm_vllm_cpu`: plain torch everywhere).
 
 `gemm` takes NVFP4Tensor or DqOperand operands (NVFP4Tensor operands are dequantized on the fly — cache a
 `DqOperand` for weights, once per optimizer step: `prepare_weight`). Triton kernel files are imported only on the
@@ -77,21 +77,21 @@ def grouped_gemm_quant(x: torch.Tensor, act: Quant, amax: torch.Tensor, b: DqOpe
                        backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`grouped_gemm` of x quantized by `act` along K in the GEMM's prologue (kernels/quant_prologue.py) -> (y,
     S_dec of x̂): bit for bit `quantize_dq(x, act, scale_mode="row", amax=amax, seg_seed=seg_seed)` then
-    `grouped_gemm` (`grouped_quant_spec` says which specs). amax: [] (one for the tensor) or [Tp] (one per row);
+    `grouped_gemm` (`fused_quant_spec` says which specs). amax: [] (one for the tensor) or [Tp] (one per row);
     seg_seed: SR's (seed, expert-local row) per row. Fast path only (the reference's expert loop is nn.experts'
     per-expert `linear`)."""
     if not fast_path(x, backend):
         raise RuntimeError("grouped_gemm_quant is the fast path; the reference runs nn.experts' per-expert loop")
-    if not grouped_quant_spec(act):
+    if not fused_quant_spec(act):
         raise ValueError(f"grouped_gemm_quant fuses 1x16 quantizers without 4over6, got {act}")
     from minite_core.kernels.grouped import grouped_gemm_quant as _grouped_quant
 
     return _grouped_quant(x, amax, b, offs, out_dtype, math=act.math, rounding=act.rounding, seg_seed=seg_seed,
                           schedule=schedule, config={"ROW_DOT": True} if invariant else None)
 
-def grouped_quant_spec(act: Quant | None) -> bool:
-    """Whether `grouped_gemm_quant` fuses this activation / gradient spec: 1x16 blocks, no 4over6 (any math,
-    rounding and global scale)."""
+def fused_quant_spec(act: Quant | None) -> bool:
+    """Whether `grouped_gemm_quant` fuses this activation / gradient spec: 1x16 blocks, no 4over6
+    (any math, rounding and global scale)."""
     return act is not None and tuple(act.block) == (1, 16) and act.four_over_six == "off"
 
 def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,

@@ -1,10 +1,11 @@
-"""The grouped W4A4 GEMM with the activation quantizer fused into its prologue (kernels/quant_prologue.py) against the
-unfused path — the separate quantize pass (`quantize_triton(..., emit_dq=True)`) then `grouped.grouped_gemm` — with
-the same tile config: outputs and S_dec bit for bit (atol=0, rtol=0), RNE and SR, exact and fast, per-row /
-per-expert / static global scales.
+"""The W4A4 GEMMs with the activation quantizer fused into their prologue (kernels/quant_prologue.py) against the
+unfused path — the separate quantize pass (`quantize_triton(..., emit_dq=True)`) then the same Triton GEMM
+(`grouped.grouped_gemm`) with the same tile config: outputs and S_dec bit for bit (atol=0,
+rtol=0), RNE and SR, exact and fast, per-row / per-expert / static global scales; then the MoE layer
+and a whole learner step with the fused path on and off.
 
 CPU: the kernels run under TRITON_INTERPRET=1 (tiny shapes: uneven segments, an empty expert, zero pad rows, a K
-that is not a multiple of BLOCK_K, an N that is not one of BLOCK_N). GPU (`-m gpu`): the same checks compiled.
+that is not a multiple of BLOCK_K, an N that is not one of BLOCK_N). GPU: the same tests compiled.
 """
 from __future__ import annotations
 
@@ -126,12 +127,94 @@ def test_fused_invariant_dot_filler_and_non_finite_rows():
 
 @cpu_kernels
 def test_dispatch_entry_and_specs():
-    assert dispatch.grouped_quant_spec(Quant()) and dispatch.grouped_quant_spec(Quant(rounding="sr", math="fast"))
-    assert not dispatch.grouped_quant_spec(Quant(block=(16, 16)))
-    assert not dispatch.grouped_quant_spec(Quant(four_over_six="mae")) and not dispatch.grouped_quant_spec(None)
+    assert dispatch.fused_quant_spec(Quant()) and dispatch.fused_quant_spec(Quant(rounding="sr", math="fast"))
+    assert not dispatch.fused_quant_spec(Quant(block=(16, 16)))
+    assert not dispatch.fused_quant_spec(Quant(four_over_six="mae")) and not dispatch.fused_quant_spec(None)
     x, offs, _, _ = _layout_input(32, torch.float32)
     W = _weights(16, 32)
     with pytest.raises(RuntimeError, match="fast path"):
         dispatch.grouped_gemm_quant(x.cpu(), Quant(), row_amax(x).cpu(), W, offs.cpu(), backend="reference")
     with pytest.raises(ValueError, match="seg_seed"):
         grouped_gemm_quant(x, row_amax(x), W, offs, rounding="sr")
+
+
+# ---- the MoE layer and the learner: fused on vs off, bit for bit ------------------------------------------------
+GROUPED_PROFILES = ["minite", "te-nvfp4", "vllm-nvfp4", "minite-onpolicy"]
+
+
+def _layer_outputs(mod, x, layout, fused):
+    mod.fused_quant = fused
+    mod.weight_cache.clear()
+    mod.weight.grad = None
+    xi = x.detach().requires_grad_(mod.profile.can_learn)
+    y = mod(xi, layout)
+    if not mod.profile.can_learn:
+        return (y.detach(),)
+    (y.float() * torch.linspace(-1, 1, y.shape[1], device=y.device)).sum().backward()
+    return y.detach(), xi.grad, mod.weight.grad
+
+
+@cpu_kernels
+@pytest.mark.parametrize("name", GROUPED_PROFILES)
+def test_grouped_linear_fused_quant_is_bitwise_the_separate_pass(name, one_thread, monkeypatch):
+    """GroupedLinear on the fast path with `fused_quant` on and off: y, dx and dW equal bit for bit, over routings
+    with empty experts, a single token, and every token on one expert; on, the forward and dgrad GEMMs are the
+    fused ones."""
+    from minite_core.nn import GroupedLinear
+    from minite_core.nn.moe_layout import moe_layout, permute
+
+    calls = []
+    fused_gemm = dispatch.grouped_gemm_quant
+    monkeypatch.setattr(dispatch, "grouped_gemm_quant", lambda *a, **kw: calls.append(a[1]) or fused_gemm(*a, **kw))
+
+    with dispatch.using_backend("triton"):
+        g = GroupedLinear(4, 32, 48)
+        torch.nn.init.normal_(g.weight, std=0.1)
+        g.to(DEV)
+        g.profile, g.seed = get_profile(name), 77
+        if g.profile.needs_calibration:
+            g.input_amax = torch.tensor(2.5, device=DEV)
+        for top in (torch.tensor([[2]]), torch.full((20, 1), 3), torch.tensor([[0, 3], [3, 1]] * 5)):
+            layout = moe_layout(top.to(DEV), 4)
+            x = torch.randn(top.shape[0], 32, generator=torch.Generator().manual_seed(top.numel()))
+            x = permute(x.to(DEV, torch.bfloat16), layout)
+            calls.clear()
+            sut = _layer_outputs(g, x, layout, True)
+            fused = [g.profile.activation] + ([g.profile.grad] if g.profile.can_learn else [])
+            assert calls == fused
+            ref = _layer_outputs(g, x, layout, False)
+            assert calls == fused  # off: the separate pass only
+            for what, a, b in zip(("y", "dx", "dw"), sut, ref):
+                assert torch.equal(a, b), f"{name} {what} {tuple(top.shape)}"
+
+
+@cpu_kernels
+@pytest.mark.parametrize("name", ["minite", "te-nvfp4"])
+def test_learner_step_bitwise_with_fused_quant(name, one_thread):
+    """A whole learner step of a tiny MoE model on the fast path: loss and every gradient bit for bit with the
+    expert GEMMs' quantizers fused and separate."""
+    import torch.nn.functional as F
+
+    from minite_core.model import PRESETS, CausalLM, set_profile
+    from minite_core.nn import GroupedLinear, QuantLinear
+
+    cfg = PRESETS["tiny-moe"].replace(num_hidden_layers=2, mlp_only_layers=())
+    model = CausalLM(cfg).init_weights(0).to(DEV)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1)).to(DEV)
+    outs = []
+    with dispatch.using_backend("triton"):
+        set_profile(model, name)
+        for fused in (True, False):
+            for j, m in enumerate(m for m in model.modules() if isinstance(m, (QuantLinear, GroupedLinear))):
+                m.seed = 1000 + j
+                m.weight_cache.clear()
+                if isinstance(m, GroupedLinear):
+                    m.fused_quant = fused
+            model.zero_grad(set_to_none=True)
+            logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            loss.backward()
+            outs.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_sut, g_sut), (loss_ref, g_ref) = outs
+    assert torch.equal(loss_sut, loss_ref)
+    assert set(g_sut) == set(g_ref) and all(torch.equal(g_sut[n], g_ref[n]) for n in g_ref)
