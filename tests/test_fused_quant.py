@@ -1,7 +1,7 @@
 """The W4A4 GEMMs with the activation quantizer fused into their prologue (kernels/quant_prologue.py) against the
 unfused path — the separate quantize pass (`quantize_triton(..., emit_dq=True)`) then the same Triton GEMM
-(`grouped.grouped_gemm`) with the same tile config: outputs and S_dec bit for bit (atol=0,
-rtol=0), RNE and SR, exact and fast, per-row / per-expert / static global scales; then the MoE layer
+(`grouped.grouped_gemm`, `gemm.gemm_triton`) with the same tile config: outputs and S_dec bit for bit (atol=0,
+rtol=0), RNE and SR, exact and fast, per-row / per-expert / per-tensor / static global scales; then the MoE layer
 and a whole learner step with the fused path on and off.
 
 CPU: the kernels run under TRITON_INTERPRET=1 (tiny shapes: uneven segments, an empty expert, zero pad rows, a K
@@ -126,7 +126,7 @@ def test_fused_invariant_dot_filler_and_non_finite_rows():
 
 
 @cpu_kernels
-def test_dispatch_entry_and_specs():
+def test_dispatch_entries_and_specs():
     assert dispatch.fused_quant_spec(Quant()) and dispatch.fused_quant_spec(Quant(rounding="sr", math="fast"))
     assert not dispatch.fused_quant_spec(Quant(block=(16, 16)))
     assert not dispatch.fused_quant_spec(Quant(four_over_six="mae")) and not dispatch.fused_quant_spec(None)
@@ -136,6 +136,45 @@ def test_dispatch_entry_and_specs():
         dispatch.grouped_gemm_quant(x.cpu(), Quant(), row_amax(x).cpu(), W, offs.cpu(), backend="reference")
     with pytest.raises(ValueError, match="seg_seed"):
         grouped_gemm_quant(x, row_amax(x), W, offs, rounding="sr")
+    # dense: what `gemm(invariant=True)` computes on the separate pass's operand (minite-onpolicy's linears)
+    act = get_profile("minite").activation
+    B = DqOperand(W.values_bf16[0], W.global_scale[0])
+    with dispatch.using_backend("triton"):
+        _, x_op = dispatch.quantize_dq(x, act, check=False)
+        y, s = dispatch.gemm_quant(x, act, row_amax(x), B, torch.float32, invariant=True)
+        _equal(y, dispatch.gemm(x_op, B, torch.float32, invariant=True))
+        _equal(s, x_op.global_scale)
+
+
+# ---- the dense GEMM ----------------------------------------------------------------------------------------------
+DENSE = [("row", "rne", "exact"), ("tensor", "rne", "fast"), ("static", "rne", "exact"), ("tensor", "sr", "exact"),
+         ("tensor", "sr", "fast")]
+
+
+@cpu_kernels
+@pytest.mark.parametrize("scale,rounding,math", DENSE)
+def test_dense_fused_equals_separate_quantize_then_triton_gemm(scale, rounding, math):
+    """`gemm_triton_quant` vs `quantize_triton` (dynamic amax computed by the quantizer itself) + `gemm_triton`: the
+    fprop's per-token / per-tensor / static operands and dgrad's SR one at a shard's sr_origin row; M = 20 and N = 24
+    not tile multiples, K = 48 a masked tail. Batch-invariant config (the GEMM `gemm(invariant=True)` runs) too."""
+    from minite_core.kernels import gemm as G
+
+    x, _, _, _ = _layout_input(48, torch.bfloat16, seed=5)
+    x = x[:20].contiguous()
+    b = _weights(6, 48, row_scales=True)
+    B = DqOperand(b.values_bf16.reshape(24, 48), b.global_scale.reshape(24, 1))
+    seed, row0 = (11, 32) if rounding == "sr" else (None, 0)
+    amax = {"row": row_amax(x), "tensor": row_amax(x).amax(), "static": torch.tensor(40.0, device=DEV)}[scale]
+    mode = "row" if scale == "row" else "tensor"
+    t, dq = quantize_triton(x, scale_mode=mode, amax=None if scale != "static" else amax, math=math,
+                            rounding=rounding, seed=seed, sr_origin=(row0, 0), emit_dq=True)
+    for cfg in ((dict(GG.SMALL, GROUP_M=2) if not CUDA else None), G.INVARIANT_CONFIG):
+        y_ref = G.gemm_triton(DqOperand(dq, t.global_scale), B, torch.float32, config=cfg)
+        y, s = G.gemm_triton_quant(x, amax, B, torch.float32, math=math, rounding=rounding, seed=seed, sr_row0=row0,
+                                   config=cfg)
+        assert y_ref.abs().amax() > 0
+        _equal(y, y_ref)
+        _equal(s, t.global_scale)
 
 
 # ---- the MoE layer and the learner: fused on vs off, bit for bit ------------------------------------------------

@@ -209,6 +209,8 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
             rec.add(f"linear-w4a4-fwd-{nm}(quant+gemm)", shape, t2, "linear-bf16-cublas", t_bf16,
                     tflops=flops / t2[0] / 1e9)
         _guard(rec, f"gemm-w4a4-{nm}", shape, run)
+    _guard(rec, "linear-w4a4-fwd-fused", shape, functools.partial(bench_linear_fused, rec, shape, x, W, flops, t_bf16,
+                                                                  reps))
     if sweep:
         for cfg in [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8),
                     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=8),
@@ -219,6 +221,27 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
             _guard(rec, nm, shape, lambda cfg=cfg, nm=nm: rec.add(
                 nm, shape, time_fn(lambda: G.gemm_triton(A, W, torch.bfloat16, config=cfg), reps),
                 "linear-bf16-cublas", t_bf16))
+
+
+def bench_linear_fused(rec, shape, x, W, flops, t_bf16, reps):
+    """The dense forward with the per-token quantizer fused into the Triton GEMM (`gemm_triton_quant`) vs the
+    separate pass + `gemm_triton` (the same bits: compared here) and vs cuBLAS bf16; the amax pass included."""
+    from minite_core.kernels import gemm as G
+    from minite_core.kernels.operands import DqOperand
+    from minite_core.kernels.quantize import quantize_triton, row_amax
+
+    def separate():
+        q, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
+        return G.gemm_triton(DqOperand(a_dq, q.global_scale), W, torch.bfloat16)
+
+    def fused():
+        return G.gemm_triton_quant(x, row_amax(x), W, torch.bfloat16)[0]
+
+    same = torch.equal(separate(), fused())
+    t_sep = time_fn(separate, reps)
+    t = time_fn(fused, reps)
+    rec.add("linear-w4a4-fwd-fused", shape, t, "linear-w4a4-fwd-triton(quant+gemm)", t_sep, tflops=flops / t[0] / 1e9,
+            vs_cublas_bf16=t_bf16[0] / t[0], bitwise=same)
 
 
 GROUPED_SWEEP = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),

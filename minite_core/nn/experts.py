@@ -17,8 +17,8 @@ Two implementations:
   prologue (kernels/quant_prologue.py: no bf16 x̂ in memory), or with `fused_quant=False` by a separate quantize
   pass first, the same bits; wgrad = dyᵀ and the saved packed xᵀ (quantized along tokens per expert, RHT first
   under TE's recipe) in a K-grouped GEMM. Codes and scales equal the reference's bit for bit; GEMM outputs agree
-  to fp32 accumulation order. An expert-parallel rank's slice
-  (`expert_offset`) draws its experts' global SR streams, so it computes what the full layer computes for them.
+  to fp32 accumulation order. An expert-parallel rank's slice (`expert_offset`) draws its experts' global SR
+  streams, so it computes what the full layer computes for them.
 Saved for backward on the NVFP4 path: the packed xᵀ codes + E4M3 scales (4.5 bits / element) and the per-expert
 S_dec — the bf16 x is not kept.
 """
