@@ -7,12 +7,13 @@ under the row's global scale, the scaled values round to e2m1 (RNE, or stochasti
 e2m1(q)·sf goes to the bf16 tensor-core dot. The global amax comes from a read-only reduction before the GEMM
 (a row-amax pass; per expert, its max over the expert's rows), as the separate quantizer gets it.
 
-Why: the separate pass (`quantize_triton(..., emit_dq=True)`, then the GEMM on its `DqOperand`) reads x, writes the
-bf16 e2m1(q)·sf copy plus codes and scales, and the GEMM reads the copy back: for a bf16 x about 4.6 bytes per
-element of traffic and a launch that the fused GEMM does not pay. Its cost instead: the quantizer's arithmetic
-is redone by each of the N / BLOCK_N programs that read the same row tile, on registers (the separate quantizer is
-instruction-bound, kernels/quantize.py's notes, so this trade is for the GPU to decide: bench/kernels.py's
-`moe-*-fused` rows).
+Why: the separate pass (`quantize_triton(..., emit_dq=True)`, then the GEMM on its `DqOperand`) writes the bf16
+e2m1(q)·sf copy plus codes and scales (2.56 bytes an element) and the GEMM reads the copy back (2 more), plus a
+launch; the fused GEMM reads x where it read the copy (the same 2 bytes for a bf16 x). What it pays instead: the
+quantizer's arithmetic is redone by each of the N / BLOCK_N programs that read the same row tile (the separate
+quantizer is instruction-bound, kernels/quantize.py's notes; SR adds a Philox call per 4 elements), and per-token
+scales need a row-amax pass over x (2 bytes an element) that the separate quantizer did in its own kernel. Which
+wins is for the GPU to say: bench/kernels.py's `moe-*-w4a4-*-fused` and `linear-w4a4-fwd-fused` rows.
 
 Why it is exact — the fused GEMM's output equals the separate pass + the same GEMM's bit for bit, for one tile
 config (not only to accumulation order):
