@@ -102,6 +102,39 @@ def test_fused_equals_separate_quantize_then_grouped_gemm(math, rounding, scale,
         assert not torch.equal(y2, y)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("math,rounding,scale", [(m, r, s) for m in ("exact", "fast") for r in ("rne", "sr")
+                                                 for s in ("row", "expert", "static")])
+def test_gpu_fused_equals_separate_at_the_learner_tile(math, rounding, scale):
+    """Compiled, at the learner's tile config (GROUPED_CONFIG) and a shape with uneven expert segments (one
+    empty, one past a tile): the fused prologue against the separate pass + the same GEMM, bit for bit."""
+    torch.manual_seed(0)
+    counts = torch.tensor([300, 0, 17, 129, 1, 256, 64, 90])
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), ((counts + 15) // 16 * 16).cumsum(0)])
+    rows = int(starts[-1])
+    k, n = 512, 384
+    expert = torch.searchsorted(starts[1:], torch.arange(rows), right=True)
+    local = torch.arange(rows) - starts[expert]
+    real = (local < counts[expert]).unsqueeze(1)
+    x = (torch.randn(rows, k) * torch.rand(rows, 1).mul(8).exp2() * real).to(DEV, torch.bfloat16)
+    offs, expert, local = starts.to(DEV), expert.to(DEV), local.to(DEV)
+    w = torch.randn(8 * n, k, device=DEV)
+    t, dq = quantize_triton(w, scale_mode="tensor", emit_dq=True)
+    W = DqOperand(dq.view(8, n, k), torch.rand(8, device=DEV) + 0.5)
+    if scale == "row":
+        amax = row_amax(x)
+    elif scale == "expert":
+        amax = torch.zeros(8, device=DEV).scatter_reduce(0, expert, row_amax(x), "amax")[expert]
+    else:
+        amax = torch.tensor(40.0, device=DEV)
+    seg_seed = ((torch.arange(8, device=DEV) * 7919 + 3)[expert], local) if rounding == "sr" else None
+    y_ref, s_ref = _unfused(x, amax, W, offs, math, rounding, seg_seed, None)
+    y, s = grouped_gemm_quant(x, amax, W, offs, torch.float32, math=math, rounding=rounding, seg_seed=seg_seed)
+    _equal(y, y_ref)
+    _equal(s, s_ref)
+
+
 @cpu_kernels
 def test_fused_invariant_dot_filler_and_non_finite_rows():
     """ROW_DOT (minite-onpolicy's dot), the `live` schedule (decode: the filler gets no tile, zero outputs, S_dec

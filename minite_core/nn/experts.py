@@ -13,9 +13,9 @@ Two implementations:
   per weight version — the BF16 MoE as torchtitan/Megatron users run it. NVFP4 goes through the grouped Triton
   kernels (`kernels.grouped`) with the quantizers of `kernels.quantize`: forward = x quantized along K (per-token
   scales, or per-expert amaxes broadcast to rows) x the cached per-expert weight operand; dgrad = dy quantized
-  along N with per-expert SR streams x the cached Wᵀ operand — x and dy each quantized inside its grouped GEMM's
-  prologue (kernels/quant_prologue.py: no bf16 x̂ in memory), or with `fused_quant=False` by a separate quantize
-  pass first, the same bits; wgrad = dyᵀ and the saved packed xᵀ (quantized along tokens per expert, RHT first
+  along N with per-expert SR streams x the cached Wᵀ operand — x and dy each quantized by a separate quantize
+  pass first, or with `fused_quant=True` inside its grouped GEMM's prologue (kernels/quant_prologue.py: no bf16
+  x̂ in memory), the same bits; wgrad = dyᵀ and the saved packed xᵀ (quantized along tokens per expert, RHT first
   under TE's recipe) in a K-grouped GEMM. Codes and scales equal the reference's bit for bit; GEMM outputs agree
   to fp32 accumulation order. An expert-parallel rank's slice (`expert_offset`) draws its experts' global SR
   streams, so it computes what the full layer computes for them.
@@ -44,11 +44,11 @@ from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
                    input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None,
-                   expert_offset: int = 0, fused_quant: bool = True) -> torch.Tensor:
+                   expert_offset: int = 0, fused_quant: bool = False) -> torch.Tensor:
     """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype.
     expert_offset: global index of weight[0] (an expert-parallel rank's slice of the experts): SR seeds and cache
     keys are the global expert's. fused_quant (NVFP4 fast path): quantize x (forward) and dy (dgrad) inside the
-    grouped GEMMs (kernels/quant_prologue.py) — False runs the separate quantize pass, same bits (benchmarks)."""
+    grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same bits."""
     if profile.weight is not None and current_shard() is not None:
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
@@ -368,8 +368,9 @@ class GroupedLinear(nn.Module):
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.expert_offset = 0  # global index of weight[0]: nonzero on an expert-parallel rank (engines.expert_parallel)
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
-        # NVFP4 fast path: x / dy quantized inside the grouped GEMMs; False = the separate pass (same bits, benches)
-        self.fused_quant = True
+        # NVFP4 fast path: x / dy quantized inside the grouped GEMMs (True) or by the separate pass first (False):
+        # the same bits; the default turns on where bench/kernels.py's `-fused` rows measure it faster on the GPU
+        self.fused_quant = False
         self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.operands.weight_operand
 
     def forward(self, x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
