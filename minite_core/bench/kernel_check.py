@@ -167,6 +167,11 @@ def check_gemms(ck: Checker, m: int, n: int, k: int, experts: int, top_k: int, f
         ck.run("grouped_gemm", f"Tp{tp} E{experts} N{n} K{k}",
                lambda: _ok(_rel(dispatch.grouped_gemm(DqOperand(dx, tx.global_scale), W, layout.offs, torch.float32),
                                 yg_ref)))
+        x = _input(tp, k, 6, dev)  # the activation quantizer in the GEMM's prologue: the unfused path's bits
+        ck.run("grouped_gemm_quant", f"Tp{tp} E{experts} N{n} K{k}", lambda: (torch.equal(
+            dispatch.grouped_gemm_quant(x, Quant(scale_mode="row"), dispatch.row_amax(x), W, layout.offs,
+                                        torch.float32)[0],
+            dispatch.grouped_gemm(DqOperand(dx, tx.global_scale), W, layout.offs, torch.float32)), 0.0))
         a, b = _input(n, tp, 7, dev), _input(k, tp, 8, dev)
         s = torch.rand(experts, device=dev)
         bounds = layout.offs.tolist()

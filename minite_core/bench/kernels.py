@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 
@@ -208,6 +209,8 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
             rec.add(f"linear-w4a4-fwd-{nm}(quant+gemm)", shape, t2, "linear-bf16-cublas", t_bf16,
                     tflops=flops / t2[0] / 1e9)
         _guard(rec, f"gemm-w4a4-{nm}", shape, run)
+    _guard(rec, "linear-w4a4-fwd-fused", shape, functools.partial(bench_linear_fused, rec, shape, x, W, flops, t_bf16,
+                                                                  reps))
     if sweep:
         for cfg in [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, num_warps=8),
                     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=8),
@@ -218,6 +221,27 @@ def bench_linear(rec, m, n, k, reps=20, sweep=False):
             _guard(rec, nm, shape, lambda cfg=cfg, nm=nm: rec.add(
                 nm, shape, time_fn(lambda: G.gemm_triton(A, W, torch.bfloat16, config=cfg), reps),
                 "linear-bf16-cublas", t_bf16))
+
+
+def bench_linear_fused(rec, shape, x, W, flops, t_bf16, reps):
+    """The dense forward with the per-token quantizer fused into the Triton GEMM (`gemm_triton_quant`) vs the
+    separate pass + `gemm_triton` (the same bits: compared here) and vs cuBLAS bf16; the amax pass included."""
+    from minite_core.kernels import gemm as G
+    from minite_core.kernels.operands import DqOperand
+    from minite_core.kernels.quantize import quantize_triton, row_amax
+
+    def separate():
+        q, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False)
+        return G.gemm_triton(DqOperand(a_dq, q.global_scale), W, torch.bfloat16)
+
+    def fused():
+        return G.gemm_triton_quant(x, row_amax(x), W, torch.bfloat16)[0]
+
+    same = torch.equal(separate(), fused())
+    t_sep = time_fn(separate, reps)
+    t = time_fn(fused, reps)
+    rec.add("linear-w4a4-fwd-fused", shape, t, "linear-w4a4-fwd-triton(quant+gemm)", t_sep, tflops=flops / t[0] / 1e9,
+            vs_cublas_bf16=t_bf16[0] / t[0], bitwise=same)
 
 
 GROUPED_SWEEP = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
@@ -270,6 +294,8 @@ def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10,
                 rec.add(f"moe-{name}-w4a4-fwd-triton(quant+gemm)", shape, t2, f"moe-{name}-bf16-grouped_mm",
                         t_bf16, tflops=flops / t2[0] / 1e9)
         _guard(rec, f"moe-{name}-w4a4-triton", shape, run)
+        _guard(rec, f"moe-{name}-w4a4-fused", shape,
+               functools.partial(bench_moe_fused, rec, name, shape, x, W, layout, flops, t_bf16, reps))
         for cfg in GROUPED_SWEEP if sweep else ():
             lbl = "cfg-" + "-".join(str(v) for v in cfg.values())
             _guard(rec, f"moe-{name}-w4a4-gemm-{lbl}", shape, lambda cfg=cfg, lbl=lbl: run(cfg, lbl))
@@ -289,6 +315,45 @@ def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10,
             lbl = "cfg-" + "-".join(str(v) for v in cfg.values())
             _guard(rec, f"moe-{name}-wgrad-{lbl}", shape, lambda cfg=cfg, lbl=lbl: wgrad(cfg, lbl))
         del x, w, wt, W, A, dy
+
+
+def bench_moe_fused(rec, name, shape, x, W, layout, flops, t_bf16, reps):
+    """The activation quantizer fused into the grouped GEMM (`grouped_gemm_quant`, kernels/quant_prologue.py) vs
+    the separate pass (quantize emitting the bf16 copy, then `grouped_gemm`), as nn.experts runs each: the forward's
+    per-token RNE operand (minite) and the dgrad's per-expert-amax SR operand (both recipes' gradients), each
+    including its amax pass. Same bits either way (tests/test_grouped_quant.py); rows give the ratio to the
+    separate pass (speedup) and to torch._grouped_mm bf16 (vs_grouped_mm)."""
+    from minite_core.kernels import grouped as GG
+    from minite_core.kernels.operands import DqOperand
+    from minite_core.kernels.quantize import quantize_triton, row_amax
+
+    offs, experts = layout.offs, layout.num_experts
+    sched = GG.grouped_schedule(offs, GG._config(GG.GROUPED_CONFIG, GG.SMALL, None, x.device)["BLOCK_M"],
+                                layout.num_rows)
+    seg_seed = ((torch.arange(experts, device=x.device) * 7919 + 5)[layout.row_expert], layout.row_local)
+
+    def expert_amax():
+        seg = torch.zeros(experts, device=x.device).scatter_reduce(0, layout.row_expert, row_amax(x), "amax")
+        return seg[layout.row_expert]
+
+    def separate(sr):
+        kw = {"amax": expert_amax(), "rounding": "sr", "seg_seed": seg_seed} if sr else {}
+        q, a_dq = quantize_triton(x, scale_mode="row", emit_dq=True, check=False, **kw)
+        return GG.grouped_gemm(DqOperand(a_dq, q.global_scale), W, offs, torch.bfloat16, schedule=sched)
+
+    def fused(sr):
+        kw = {"rounding": "sr", "seg_seed": seg_seed} if sr else {}
+        return GG.grouped_gemm_quant(x, expert_amax() if sr else row_amax(x), W, offs, torch.bfloat16,
+                                     schedule=sched, **kw)[0]
+
+    for label, sr in (("fwd-rne-row", False), ("dgrad-sr-expert", True)):
+        same = torch.equal(separate(sr), fused(sr))  # the compiled kernels' bits, recorded with the timing
+        t_sep = time_fn(lambda sr=sr: separate(sr), reps)
+        rec.add(f"moe-{name}-w4a4-{label}-separate", shape, t_sep, f"moe-{name}-bf16-grouped_mm", t_bf16,
+                tflops=flops / t_sep[0] / 1e9)
+        t_fused = time_fn(lambda sr=sr: fused(sr), reps)
+        rec.add(f"moe-{name}-w4a4-{label}-fused", shape, t_fused, f"moe-{name}-w4a4-{label}-separate", t_sep,
+                tflops=flops / t_fused[0] / 1e9, vs_grouped_mm=t_bf16[0] / t_fused[0], bitwise=same)
 
 
 def _env(commit):

@@ -10,7 +10,8 @@ so the CPU reference path imports none):
 - quantizers and operand forms (kernels/quantize_ops.py): `quantize`, `quantize_dq` (with the GEMM-ready
   `DqOperand`), `quantize_cols` (along tokens), `quantize_rows_cols`, `decode_scale`, `dequantize_bf16`, `as_dq`,
   `row_amax`, `col_block_amax`, `split3`;
-- GEMMs (kernels/gemm_ops.py): `gemm`, `grouped_gemm`, `kgrouped_gemm`, `grouped_schedule`, the packed-weight
+- GEMMs (kernels/gemm_ops.py): `gemm`, `grouped_gemm`, `gemm_quant` / `grouped_gemm_quant` (the A operand
+  quantized in the GEMM's prologue, `fused_quant_spec`), `kgrouped_gemm`, `grouped_schedule`, the packed-weight
   `decode_gemm` / `grouped_decode_gemm` / `grouped_decode_schedule`, `prepare_weight`, `gemm_w4a16`, and the peer
   arithmetics `gemm_te_reference`, `gemm_vllm_cpu`;
 - the model's other ops (kernels/model_ops.py): `attention`, `rms_norm`, `rms_norm_fused`, `rms_norm_tail`,
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 from minite_core.kernels.backend import (BACKENDS, auto_backend, backend_available, current_backend, fast_path,
                                          select_backend, set_backend, using_backend)
-from minite_core.kernels.gemm_ops import (decode_gemm, gemm, gemm_te_reference, gemm_vllm_cpu, gemm_w4a16,
-                                          grouped_decode_gemm, grouped_decode_schedule, grouped_gemm,
-                                          grouped_schedule, kgrouped_gemm, prepare_weight)
+from minite_core.kernels.gemm_ops import (decode_gemm, fused_quant_spec, gemm, gemm_quant, gemm_te_reference,
+                                          gemm_vllm_cpu, gemm_w4a16, grouped_decode_gemm, grouped_decode_schedule,
+                                          grouped_gemm, grouped_gemm_quant, grouped_schedule, kgrouped_gemm,
+                                          prepare_weight)
 from minite_core.kernels.model_ops import (attention, moe_combine, moe_layout, moe_permute, rms_norm, rms_norm_fused,
                                            rms_norm_tail, rope, silu_mul, swiglu, uniform_rows)
 from minite_core.kernels.operands import DqOperand, PackedExperts
@@ -37,8 +39,9 @@ __all__ = [
     "DqOperand", "PackedExperts",
     "as_dq", "col_block_amax", "decode_scale", "dequantize_bf16", "quantize", "quantize_cols", "quantize_dq",
     "quantize_rows_cols", "row_amax", "rows_cols_spec", "split3",
-    "decode_gemm", "gemm", "gemm_te_reference", "gemm_vllm_cpu", "gemm_w4a16", "grouped_decode_gemm",
-    "grouped_decode_schedule", "grouped_gemm", "grouped_schedule", "kgrouped_gemm", "prepare_weight",
+    "decode_gemm", "fused_quant_spec", "gemm", "gemm_quant", "gemm_te_reference", "gemm_vllm_cpu", "gemm_w4a16",
+    "grouped_decode_gemm", "grouped_decode_schedule", "grouped_gemm", "grouped_gemm_quant", "grouped_schedule",
+    "kgrouped_gemm", "prepare_weight",
     "attention", "moe_combine", "moe_layout", "moe_permute", "rms_norm", "rms_norm_fused", "rms_norm_tail", "rope",
     "silu_mul", "swiglu", "uniform_rows",
 ]

@@ -16,6 +16,9 @@ Two implementations, chosen by measurement on the H200 (results/h200/bench/kerne
 - `gemm_triton`: Triton tiled GEMM (tl.dot -> wgmma) with the scale epilogue fused. Default tile 128x256x64,
   3 stages, 8 warps: 0.956 ms at 16384x4096x4096 (575 TFLOP/s), 1.704 ms at 8192^3; sweep best 128x256x64
   with 4 stages 0.876 ms; 128x256x64 with 4 warps spills (6.1 ms). -> dense GEMM: cuBLAS (gemm_ops.gemm).
+- `gemm_triton_quant`: `gemm_triton` with the activation's quantizer in its prologue (kernels/quant_prologue.py:
+  raw x in, no bf16 x̂ in memory), bit for bit `quantize_triton(emit_dq=True)` + `gemm_triton` at one config —
+  not the cuBLAS path's bits (another accumulation order), so nn.linear keeps the separate pass + cuBLAS.
 - Grouped (MoE) GEMMs live in `kernels/grouped.py`.
 Whole W4A4 linear forward (activation row-dynamic quantize emitting the bf16 copy + GEMM + scales, weights
 prepared): 1.074 ms = 1.45x bf16 at 16384x4096x4096 (target <= 1.10x: NOT met); 1.846 ms = 1.27x at 8192^3.
@@ -29,6 +32,7 @@ import triton.language as tl
 
 from minite_core.kernels.interpret import INTERPRET
 from minite_core.kernels.operands import DqOperand, dq_operand  # noqa: F401  (re-exported for callers)
+from minite_core.kernels.quant_prologue import a_scales, a_stream, a_tile, check_a
 
 # Hopper tile for bf16 wgmma; (128, 256, 64) x 3 stages x 8 warps is the usual best for large squares on
 # H100/H200 (Triton's matmul tutorial configs); re-checked by the bench's config sweep.
@@ -64,11 +68,8 @@ def _dot_rows(a, b, acc, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, sa_ptr, sb_ptr, rm, rn, M, N, SA_ROW: tl.constexpr, SB_ROW: tl.constexpr):
-    if SA_ROW:
-        sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
-    else:
-        sa = tl.load(sa_ptr)
+def _epilogue(acc, sa, sb_ptr, rn, N, SB_ROW: tl.constexpr):
+    """acc * (S_a * S_b); sa: the A scales, per row (BM, 1) or one."""
     if SB_ROW:
         sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
     else:
@@ -78,13 +79,16 @@ def _epilogue(acc, sa_ptr, sb_ptr, rm, rn, M, N, SA_ROW: tl.constexpr, SB_ROW: t
 
 @triton.jit
 def _gemm_kernel(
-    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr,
-    M, N, K, stride_am, stride_bn, stride_cm,
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, sdec_ptr,
+    M, N, K, stride_am, stride_bn, stride_cm, seed, sr_row0,
     SA_ROW: tl.constexpr, SB_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERPRET: tl.constexpr = False, ROW_DOT: tl.constexpr = False,
+    INTERPRET: tl.constexpr = False, ROW_DOT: tl.constexpr = False, QUANT: tl.constexpr = False,
+    FAST: tl.constexpr = False, SR: tl.constexpr = False,
 ):
     # C[M, N] = (A[M, K] @ B[N, K]^T) * S_a * S_b ; grouped launch order for L2 reuse
+    # QUANT (`gemm_triton_quant`, kernels/quant_prologue.py): a = the raw x, quantized in the loop; sa = its amax
+    # (per row with SA_ROW), S_dec written to sdec; SR draws `seed`'s stream at rows + sr_row0 (a shard's origin)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -98,17 +102,31 @@ def _gemm_kernel(
     rk = tl.arange(0, BLOCK_K)
     am = tl.where(rm < M, rm, 0).to(tl.int64)  # clamp rows: loads stay in bounds, stores are masked
     bn = tl.where(rn < N, rn, 0).to(tl.int64)
+    if QUANT:
+        s_enc, s_dec = a_scales(sa_ptr, sdec_ptr, am, rm < M, pid_n == 0, pid_m == 0, SA_ROW, BLOCK_M)
+        if SR:
+            seed_r, ctr_row = a_stream(sa_ptr, sa_ptr, am + sr_row0, seed, False)
+        else:
+            seed_r, ctr_row = 0, 0
     a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :]
     b_ptrs = b_ptr + bn[None, :] * stride_bn + rk[:, None]  # (BK, BN) view of B^T
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kmask = (k0 + rk) < K
         a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
+        if QUANT:
+            a = a_tile(a, s_enc, s_dec, seed_r, ctr_row, k0, FAST, SR, BLOCK_M, BLOCK_K)
         b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
         acc = _dot_rows(a, b, acc, INTERPRET) if ROW_DOT else _dot(a, b, acc, INTERPRET)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    out = _epilogue(acc, sa_ptr, sb_ptr, rm, rn, M, N, SA_ROW, SB_ROW)
+    if QUANT:
+        sa = s_dec[:, None]
+    elif SA_ROW:
+        sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
+    else:
+        sa = tl.load(sa_ptr)
+    out = _epilogue(acc, sa, sb_ptr, rn, N, SB_ROW)
     cmask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :], out.to(c_ptr.dtype.element_ty), mask=cmask)
 
@@ -136,16 +154,39 @@ def _scales(a: DqOperand, b: DqOperand, m: int, n: int):
 
 def gemm_triton(a: DqOperand, b: DqOperand, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
     """y [M, N] = (a_hat @ b_hat^T) with a [M, K], b [N, K] (dequantized bf16 + S_dec)."""
+    sa, _, sa_row, _ = _scales(a, b, 0, 0)
+    return _gemm_launch(a.values_bf16, sa, sa_row, b, out_dtype, config)[0]
+
+
+def gemm_triton_quant(x: torch.Tensor, amax: torch.Tensor, b: DqOperand, out_dtype=torch.bfloat16, *,
+                      math: str = "exact", rounding: str = "rne", seed: int | None = None, sr_row0: int = 0,
+                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [M, N], S_x): `gemm_triton` with x [M, K] (bf16 / fp32, unit stride along K) quantized to 1×16 NVFP4 in
+    the GEMM's prologue (kernels/quant_prologue.py). amax: [] (one for the tensor: static, or the dynamic max) or
+    [M] (per-token); S_x = S_dec of x̂, [] or [M, 1]. rounding="sr" draws `seed`'s stream at rows + sr_row0 (a
+    token shard's sr_origin row). Bit for bit `quantize_triton(x, scale_mode=..., amax=amax, seed=seed,
+    sr_origin=(sr_row0, 0), emit_dq=True)` then `gemm_triton` on its DqOperand, with the same config."""
+    amax, per_row = check_a(x, amax, rounding, math, seed is not None, x.shape[0])
+    return _gemm_launch(x, amax, per_row, b, out_dtype, config, (math, rounding, seed or 0, sr_row0))
+
+
+def _gemm_launch(x, sa, sa_row: bool, b: DqOperand, out_dtype, config, quant=None):
+    """One `_gemm_kernel` launch; quant = (math, rounding, seed, sr_row0): x raw and sa its amax (QUANT)."""
     cfg = dict(GEMM_CONFIG, **(config or {}))
-    x, w = a.values_bf16, b.values_bf16
+    w = b.values_bf16
     m, k = x.shape
     n = w.shape[0]
-    sa, sb, sa_row, sb_row = _scales(a, b, m, n)
+    sb = b.global_scale.float().contiguous()
     c = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    s_x = None if quant is None else torch.empty((m, 1) if sa_row else (), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return c, s_x
+    math, rounding, seed, row0 = quant or ("exact", "rne", 0, 0)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _gemm_kernel[grid](x, w, c, sa, sb, m, n, k, x.stride(0), w.stride(0), c.stride(0),
-                       SA_ROW=sa_row, SB_ROW=sb_row, INTERPRET=INTERPRET, **cfg)
-    return c
+    _gemm_kernel[grid](x, w, c, sa, sb, sa if s_x is None else s_x, m, n, k, x.stride(0), w.stride(0), c.stride(0),
+                       seed, row0, SA_ROW=sa_row, SB_ROW=sb.numel() > 1 or sb.ndim == 2, INTERPRET=INTERPRET,
+                       QUANT=quant is not None, FAST=math == "fast", SR=rounding == "sr", **cfg)
+    return c, s_x
 
 
 def gemm_invariant(a: DqOperand, b: DqOperand, out_dtype=torch.bfloat16) -> torch.Tensor:

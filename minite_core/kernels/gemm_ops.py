@@ -1,8 +1,9 @@
 """The GEMM entry points of kernels.dispatch: y = â b̂ᵀ with fp32 accumulation on every backend, equal across
 backends up to accumulation order — dense (`gemm`; the fixed-tile batch-invariant one with `invariant=True`),
-grouped over MoE experts (`grouped_gemm`, the wgrad's `kgrouped_gemm`), from packed weights (`decode_gemm`,
-`grouped_decode_gemm`: the profile knob decode_gemm="packed"), W4A16 (`gemm_w4a16`), and the two peer
-arithmetics a profile can name (`gemm_te_reference`, `gemm_vllm_cpu`: plain torch everywhere).
+grouped over MoE experts (`grouped_gemm`, the wgrad's `kgrouped_gemm`), both with the activation quantizer fused
+into the GEMM's prologue (`gemm_quant`, `grouped_gemm_quant`: kernels/quant_prologue.py), from packed weights
+(`decode_gemm`, `grouped_decode_gemm`: the profile knob decode_gemm="packed"), W4A16 (`gemm_w4a16`), and the two
+peer arithmetics a profile can name (`gemm_te_reference`, `gemm_vllm_cpu`: plain torch everywhere).
 
 `gemm` takes NVFP4Tensor or DqOperand operands (NVFP4Tensor operands are dequantized on the fly — cache a
 `DqOperand` for weights, once per optimizer step: `prepare_weight`). Triton kernel files are imported only on the
@@ -55,6 +56,23 @@ def gemm(a, b, out_dtype=torch.bfloat16, *, invariant: bool = False, backend: st
     impl = _gemm.gemm_triton if interpret() and not x.is_cuda else _gemm.gemm_cublas
     return impl(a, b, out_dtype)
 
+def gemm_quant(x: torch.Tensor, act: Quant, amax: torch.Tensor, b, out_dtype=torch.bfloat16, *,
+               seed: int | None = None, sr_row0: int = 0, invariant: bool = False,
+               backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense y [M, N] = x̂ b̂ᵀ with x quantized by `act` (`fused_quant_spec`) in the Triton GEMM's prologue ->
+    (y, S_dec of x̂): bit for bit `quantize_dq(x, act, amax=amax, seed=seed, sr_origin=(sr_row0, 0))` then the
+    Triton GEMM (`gemm(..., invariant=True)` with invariant; else `gemm.gemm_triton`, which `gemm` runs under the
+    interpreter only: on a GPU it takes cuBLAS, another accumulation order). amax: [] for the tensor (static, or
+    the dynamic max) or [M] per token. Fast path only."""
+    if not fast_path(x, backend):
+        raise RuntimeError("gemm_quant is the fast path (the Triton GEMM); the reference is quantize_dq + gemm")
+    if not fused_quant_spec(act):
+        raise ValueError(f"gemm_quant fuses 1x16 quantizers without 4over6, got {act}")
+    from minite_core.kernels import gemm as _gemm
+
+    return _gemm.gemm_triton_quant(x, amax, as_dq(b), out_dtype, math=act.math, rounding=act.rounding, seed=seed,
+                                   sr_row0=sr_row0, config=_gemm.INVARIANT_CONFIG if invariant else None)
+
 def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch.bfloat16, *, schedule=None,
                  invariant: bool = False, backend: str | None = None) -> torch.Tensor:
     """MoE expert GEMM on the padded sorted layout: rows offs[e]:offs[e+1] of a [Tp, K] times b[e] [N, K]ᵀ.
@@ -70,6 +88,28 @@ def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch
     from minite_core.kernels.grouped import grouped_gemm as _grouped
 
     return _grouped(a, b, offs, out_dtype, schedule=schedule, config={"ROW_DOT": True} if invariant else None)
+
+def grouped_gemm_quant(x: torch.Tensor, act: Quant, amax: torch.Tensor, b: DqOperand, offs: torch.Tensor,
+                       out_dtype=torch.bfloat16, *, seg_seed=None, schedule=None, invariant: bool = False,
+                       backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`grouped_gemm` of x quantized by `act` along K in the GEMM's prologue (kernels/quant_prologue.py) -> (y,
+    S_dec of x̂): bit for bit `quantize_dq(x, act, scale_mode="row", amax=amax, seg_seed=seg_seed)` then
+    `grouped_gemm` (`fused_quant_spec` says which specs). amax: [] (one for the tensor) or [Tp] (one per row);
+    seg_seed: SR's (seed, expert-local row) per row. Fast path only (the reference's expert loop is nn.experts'
+    per-expert `linear`)."""
+    if not fast_path(x, backend):
+        raise RuntimeError("grouped_gemm_quant is the fast path; the reference runs nn.experts' per-expert loop")
+    if not fused_quant_spec(act):
+        raise ValueError(f"grouped_gemm_quant fuses 1x16 quantizers without 4over6, got {act}")
+    from minite_core.kernels.grouped import grouped_gemm_quant as _grouped_quant
+
+    return _grouped_quant(x, amax, b, offs, out_dtype, math=act.math, rounding=act.rounding, seg_seed=seg_seed,
+                          schedule=schedule, config={"ROW_DOT": True} if invariant else None)
+
+def fused_quant_spec(act: Quant | None) -> bool:
+    """Whether `gemm_quant` / `grouped_gemm_quant` fuse this activation / gradient spec: 1x16 blocks, no 4over6
+    (any math, rounding and global scale)."""
+    return act is not None and tuple(act.block) == (1, 16) and act.four_over_six == "off"
 
 def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,
                   *, backend: str | None = None) -> torch.Tensor:

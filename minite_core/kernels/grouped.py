@@ -8,6 +8,8 @@ count, so a grouped GEMM never syncs (and can be captured in a CUDA graph).
 
 Three kernels:
 - `grouped_gemm`  (forward and dgrad)  y[t] = (a[t] @ b[e(t)]ᵀ) · S_a[t] · S_b[e(t)]   a [Tp, K], b [E, N, K]
+  — and `grouped_gemm_quant`, the same kernel with a = the raw activation quantized in its prologue
+  (kernels/quant_prologue.py: x̂ never goes to memory; bit for bit the separate quantize pass + `grouped_gemm`);
 - `kgrouped_gemm` (wgrad)              w[e] = (a[:, seg_e] @ b[:, seg_e]ᵀ) · S_a[e] · S_b[e]   a [N, Tp], b [K, Tp]
   — the reduction runs over each expert's own tokens, so the along-token quantization blocks of both operands
   (16 tokens, aligned to the segment start) are exactly the per-expert reference's;
@@ -31,6 +33,7 @@ import triton.language as tl
 from minite_core.formats import nvfp4 as ref
 from minite_core.kernels.gemm import INTERPRET, _dot, _dot_rows
 from minite_core.kernels.operands import DqOperand
+from minite_core.kernels.quant_prologue import a_scales, a_stream, a_tile, check_a
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); the H200 sweep in bench/kernels.py ("grouped-tile") re-measures.
 # H200 sweep (results/h200/bench, T16384x8 E128 N1536 K2048): 128-256-64 w8 s3 1.61 ms; 64-256-64 w8 s4 1.96;
@@ -47,12 +50,16 @@ SMALL_K = dict(BLOCK_N=32, BLOCK_K=32, BLOCK_T=16, num_warps=4, num_stages=1)
 @triton.jit
 def _grouped_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, tile_expert_ptr, tile_row_ptr, offs_ptr, num_tiles_ptr,
+    sdec_ptr, seed_ptr, index_ptr,
     N, K, stride_am, stride_be, stride_bn, stride_cm, stride_sbe,
     SA_ROW: tl.constexpr, SB_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr = False,
-    ROW_DOT: tl.constexpr = False,
+    ROW_DOT: tl.constexpr = False, QUANT: tl.constexpr = False, FAST: tl.constexpr = False,
+    SR: tl.constexpr = False,
 ):
     # tile t covers rows [tile_row[t], min(+BLOCK_M, offs[e+1])) of expert e = tile_expert[t]
+    # QUANT (`grouped_gemm_quant`, kernels/quant_prologue.py): a = the raw x, quantized in the loop; sa = its amax
+    # (per row with SA_ROW), S_dec written to sdec; SR draws per-row streams (seed, expert-local row) from seed/index
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_t >= tl.load(num_tiles_ptr):
@@ -65,17 +72,27 @@ def _grouped_kernel(
     rk = tl.arange(0, BLOCK_K)
     am = tl.where(rm < row_end, rm, row0).to(tl.int64)  # clamp: loads stay in bounds, stores are masked
     bn = tl.where(rn < N, rn, 0).to(tl.int64)
+    if QUANT:
+        s_enc, s_dec = a_scales(sa_ptr, sdec_ptr, am, rm < row_end, pid_n == 0, pid_t == 0, SA_ROW, BLOCK_M)
+        if SR:
+            seed_r, ctr_row = a_stream(seed_ptr, index_ptr, am, 0, True)
+        else:
+            seed_r, ctr_row = 0, 0
     a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :]
     b_ptrs = b_ptr + e.to(tl.int64) * stride_be + bn[None, :] * stride_bn + rk[:, None]  # (BK, BN) view of Bᵀ
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kmask = (k0 + rk) < K
         a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
+        if QUANT:
+            a = a_tile(a, s_enc, s_dec, seed_r, ctr_row, k0, FAST, SR, BLOCK_M, BLOCK_K)
         b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
         acc = _dot_rows(a, b, acc, INTERPRET) if ROW_DOT else _dot(a, b, acc, INTERPRET)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if SA_ROW:
+    if QUANT:
+        sa = s_dec[:, None]
+    elif SA_ROW:
         sa = tl.load(sa_ptr + am)[:, None]
     else:
         sa = tl.load(sa_ptr)
@@ -250,22 +267,48 @@ def grouped_gemm(a: DqOperand, b: DqOperand, offs: torch.Tensor, out_dtype=torch
                  config: dict | None = None, schedule=None) -> torch.Tensor:
     """y [Tp, N] = a_hat[t] @ b_hat[e(t)]ᵀ. a: [Tp, K] with S_dec [] or [Tp, 1]; b: [E, N, K] with S_dec [E]
     or [E, N, 1]; offs [E + 1] segment starts (offs[E] = Tp)."""
-    x, w = a.values_bf16, b.values_bf16
+    sa = a.global_scale.float().reshape(-1).contiguous()
+    return _grouped_launch(a.values_bf16, sa, sa.numel() > 1, b, offs, out_dtype, config, schedule)[0]
+
+
+def grouped_gemm_quant(x: torch.Tensor, amax: torch.Tensor, b: DqOperand, offs: torch.Tensor,
+                       out_dtype=torch.bfloat16, *, math: str = "exact", rounding: str = "rne",
+                       seg_seed: tuple[torch.Tensor, torch.Tensor] | None = None, config: dict | None = None,
+                       schedule=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [Tp, N], S_x): `grouped_gemm` with x [Tp, K] (bf16 / fp32, unit stride along K) quantized to 1×16 NVFP4
+    in the GEMM's prologue (kernels/quant_prologue.py). amax: [] for the tensor or [Tp] one per row (per-token
+    scales, or each expert's amax broadcast to its rows); S_x = S_dec of x̂, [] or [Tp, 1] (rows without a tile,
+    the filler past the schedule's `live`, hold 1). math "exact" | "fast"; rounding "rne" | "sr", SR with
+    seg_seed = (seed, expert-local row) [Tp] int64 each. Bit for bit `quantize_triton(x, scale_mode="row",
+    amax=amax, emit_dq=True, seg_seed=seg_seed)` then `grouped_gemm` on its DqOperand, with the same config."""
+    amax, per_row = check_a(x, amax, rounding, math, seg_seed is not None, x.shape[0])
+    return _grouped_launch(x, amax, per_row, b, offs, out_dtype, config, schedule, (math, rounding, seg_seed))
+
+
+def _grouped_launch(x, sa, sa_row: bool, b: DqOperand, offs, out_dtype, config, schedule, quant=None):
+    """One `_grouped_kernel` launch; quant = (math, rounding, seg_seed): x raw and sa its amax (QUANT)."""
+    w = b.values_bf16
     t_rows, k = x.shape
     e, n, _ = w.shape
     cfg = _config(GROUPED_CONFIG, SMALL, config, x.device)
-    sa = a.global_scale.float().reshape(-1).contiguous()
     sb = b.global_scale.float().reshape(e, -1).contiguous()  # (E, 1) per tensor or (E, N) per row
     schedule = schedule or grouped_schedule(offs, cfg["BLOCK_M"], t_rows)
     c = grouped_output(schedule, t_rows, n, out_dtype, x.device)
+    s_x = None
+    if quant is not None:
+        fill = torch.ones if schedule.live is not None or t_rows == 0 else torch.empty
+        s_x = fill((t_rows, 1) if sa_row else (), dtype=torch.float32, device=x.device)
     if t_rows == 0:
-        return c
+        return c, s_x
+    math, rounding, seg_seed = quant or ("exact", "rne", None)
+    seeds, index = seg_seed or (sa, sa)  # unread without SR
     tile_expert, tile_row, num_tiles, max_tiles, _ = schedule
     grid = (max_tiles, triton.cdiv(n, cfg["BLOCK_N"]))
-    _grouped_kernel[grid](x, w, c, sa, sb, tile_expert, tile_row, offs, num_tiles,
-                          n, k, x.stride(0), w.stride(0), w.stride(1), c.stride(0), sb.stride(0),
-                          SA_ROW=sa.numel() > 1, SB_ROW=sb.shape[1] > 1, INTERPRET=INTERPRET, **cfg)
-    return c
+    _grouped_kernel[grid](x, w, c, sa, sb, tile_expert, tile_row, offs, num_tiles, sa if s_x is None else s_x,
+                          seeds, index, n, k, x.stride(0), w.stride(0), w.stride(1), c.stride(0), sb.stride(0),
+                          SA_ROW=sa_row, SB_ROW=sb.shape[1] > 1, INTERPRET=INTERPRET, QUANT=quant is not None,
+                          FAST=math == "fast", SR=rounding == "sr", **cfg)
+    return c, s_x
 
 
 def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,

@@ -205,13 +205,25 @@ def block_scales(bamax, se, sd, FAST: tl.constexpr):
 def quantize_dq_tile(x, s_enc, s_dec, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """x (BM, BK) fp32 with its rows' global scales (BM,) -> e2m1(q)·sf as bf16 (1x16 blocks, RNE): the values
     `_quantize_kernel` emits with EMIT_DQ, computed in registers (the decode GEMM's fused activation quantizer)."""
+    return dq_tile(x, s_enc, s_dec, 0.0, FAST, False, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def dq_tile(x, s_enc, s_dec, u, FAST: tl.constexpr, SR: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """`quantize_dq_tile` with stochastic rounding too (SR: u (BM, BK) = the uniforms `_quantize_kernel` draws for
+    these elements, `_uniforms`; unread otherwise): `_quantize_kernel`'s EMIT_DQ values term for term (the fused
+    GEMMs' A prologue, kernels/quant_prologue.py)."""
     NB: tl.constexpr = BLOCK_K // 16
     bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
     se = tl.broadcast_to(s_enc[:, None], [BLOCK_M, NB])
     sd = tl.broadcast_to(s_dec[:, None], [BLOCK_M, NB])
     sf, _, enc = block_scales(bamax, se, sd, FAST)
     v = tl.reshape(tl.reshape(x, [BLOCK_M, NB, 16]) * enc[:, :, None], [BLOCK_M, BLOCK_K])
-    _, val = _e2m1_rne(tl.abs(v))
+    if SR:
+        val = _e2m1_mag(_sr_magnitude(tl.abs(v), u))
+    else:
+        _, val = _e2m1_rne(tl.abs(v))
     val = tl.where(v < 0.0, -val, val)
     return tl.reshape(tl.reshape(val, [BLOCK_M, NB, 16]) * sf[:, :, None], [BLOCK_M, BLOCK_K]).to(tl.bfloat16)
 

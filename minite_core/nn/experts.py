@@ -13,10 +13,12 @@ Two implementations:
   per weight version — the BF16 MoE as torchtitan/Megatron users run it. NVFP4 goes through the grouped Triton
   kernels (`kernels.grouped`) with the quantizers of `kernels.quantize`: forward = x quantized along K (per-token
   scales, or per-expert amaxes broadcast to rows) x the cached per-expert weight operand; dgrad = dy quantized
-  along N with per-expert SR streams x the cached Wᵀ operand; wgrad = dyᵀ and the saved packed xᵀ (quantized
-  along tokens per expert, RHT first under TE's recipe) in a K-grouped GEMM. Codes and scales equal the
-  reference's bit for bit; GEMM outputs agree to fp32 accumulation order. An expert-parallel rank's slice
-  (`expert_offset`) draws its experts' global SR streams, so it computes what the full layer computes for them.
+  along N with per-expert SR streams x the cached Wᵀ operand — x and dy each quantized by a separate quantize
+  pass first, or with `fused_quant=True` inside its grouped GEMM's prologue (kernels/quant_prologue.py: no bf16
+  x̂ in memory), the same bits; wgrad = dyᵀ and the saved packed xᵀ (quantized along tokens per expert, RHT first
+  under TE's recipe) in a K-grouped GEMM. Codes and scales equal the reference's bit for bit; GEMM outputs agree
+  to fp32 accumulation order. An expert-parallel rank's slice (`expert_offset`) draws its experts' global SR
+  streams, so it computes what the full layer computes for them.
 Saved for backward on the NVFP4 path: the packed xᵀ codes + E4M3 scales (4.5 bits / element) and the per-expert
 S_dec — the bf16 x is not kept.
 """
@@ -42,10 +44,11 @@ from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
                    input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None,
-                   expert_offset: int = 0) -> torch.Tensor:
+                   expert_offset: int = 0, fused_quant: bool = False) -> torch.Tensor:
     """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype.
     expert_offset: global index of weight[0] (an expert-parallel rank's slice of the experts): SR seeds and cache
-    keys are the global expert's."""
+    keys are the global expert's. fused_quant (NVFP4 fast path): quantize x (forward) and dy (dgrad) inside the
+    grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same bits."""
     if profile.weight is not None and current_shard() is not None:
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
@@ -60,7 +63,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
                                "minite_core.nn.calibrate(model, batches) first")
         dtype = torch_dtype(profile.dtype)
         wgrad = torch.is_grad_enabled() and weight.requires_grad  # no-grad calls (decode, eval) quantize no xᵀ
-        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset, wgrad)
+        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset, wgrad,
+                                   fused_quant)
     bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
     outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
                    cache=cache, key=e + expert_offset) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
@@ -220,17 +224,40 @@ def _segment_amax(values: torch.Tensor, segment: torch.Tensor, num_segments: int
     return out.scatter_reduce(0, segment, values.float(), reduce="amax", include_self=True)
 
 
-def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=None):
-    """x (Tp, C) along C: per-token scales as they are; per-tensor scales per expert (each expert's amax on its
-    rows); a static scale as one amax. seeds: per-expert SR seeds (E,) int64. -> (NVFP4Tensor, DqOperand)."""
-    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+def _row_scales(x, spec: Quant, layout: MoELayout, input_amax, fused: bool):
+    """(scale_mode, amax) that x (Tp, C)'s rows are quantized with: per-token scales as they are (their amax from
+    the quantizer's own pass, or with `fused` from a row-amax pass the fused GEMM reads: the same max); a static
+    scale as one amax; per-tensor scales per expert (each expert's amax on its rows, broadcast to its rows)."""
     if spec.scale_mode == "row":
-        return dispatch.quantize_dq(x, spec, check=False, seg_seed=seg_seed)
+        return "row", dispatch.row_amax(x) if fused else None
     if spec.static:
-        return dispatch.quantize_dq(x, spec, amax=input_amax, check=False, seg_seed=seg_seed)
+        return "tensor", input_amax
     seg = _segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)
-    return dispatch.quantize_dq(x, spec, scale_mode="row", amax=seg[layout.row_expert], check=False,
-                                seg_seed=seg_seed)
+    return "row", seg[layout.row_expert]
+
+
+def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=None):
+    """x (Tp, C) along C with `_row_scales`. seeds: per-expert SR seeds (E,) int64. -> (NVFP4Tensor, DqOperand)."""
+    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    mode, amax = _row_scales(x, spec, layout, input_amax, fused=False)
+    return dispatch.quantize_dq(x, spec, scale_mode=mode, amax=amax, check=False, seg_seed=seg_seed)
+
+
+def _rows_gemm(x, spec: Quant, w_op: DqOperand, layout: MoELayout, schedule, out_dtype, *, fused: bool,
+               input_amax=None, seeds=None, invariant: bool = False):
+    """Per expert x̂ ŵ[e]ᵀ with x (Tp, C) quantized along C as `_quantize_rows` quantizes it -> (y (Tp, N), S_dec of
+    x̂). fused: the quantizer runs in the grouped GEMM's prologue (`dispatch.grouped_gemm_quant`: no bf16 x̂ in
+    memory; the same bits); else the separate quantize pass, then `dispatch.grouped_gemm`."""
+    if not (fused and dispatch.fused_quant_spec(spec)):
+        _, x_op = _quantize_rows(x, spec, layout, input_amax=input_amax, seeds=seeds)
+        y = dispatch.grouped_gemm(x_op, w_op, layout.offs, out_dtype, schedule=schedule, invariant=invariant)
+        return y, x_op.global_scale
+    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    mode, amax = _row_scales(x, spec, layout, input_amax, fused=True)
+    amax = torch.as_tensor(amax, dtype=torch.float32, device=x.device)
+    amax = amax.reshape(()) if mode == "tensor" else amax  # a static scale: one for the tensor, as the quantizer's
+    return dispatch.grouped_gemm_quant(x, spec, amax, w_op, layout.offs, out_dtype, seg_seed=seg_seed,
+                                       schedule=schedule, invariant=invariant)
 
 
 def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, cache) -> torch.Tensor:
@@ -269,8 +296,9 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
 class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset,
-                wgrad: bool):
-        # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's
+                wgrad: bool, fused_quant: bool):
+        # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's; fused_quant:
+        # the forward's and dgrad's row quantizers run inside their grouped GEMMs (`_rows_gemm`)
         if linear_gemm(profile).packed:  # the packed-weight grouped GEMM (nn.arithmetic.Packed)
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
@@ -284,13 +312,14 @@ class _GroupedNVFP4(torch.autograd.Function):
                     layout.cache["schedule"] = schedule
             if profile.activation is None:  # W4A16 (Marlin): bf16 activations, exact products
                 x_op = DqOperand(x.to(torch.bfloat16), torch.ones((), device=x.device))
+                y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
+                                          invariant=profile.batch_invariant)
             else:
-                _, x_op = _quantize_rows(x, profile.activation, layout, input_amax=input_amax)
-                nonfinite.record(weight, x_op.global_scale, "activation")
-            y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
-                                      invariant=profile.batch_invariant)
+                y, s_x = _rows_gemm(x, profile.activation, w_op, layout, schedule, x.dtype, fused=fused_quant,
+                                    input_amax=input_amax, invariant=profile.batch_invariant)
+                nonfinite.record(weight, s_x, "activation")
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
-        ctx.expert_offset = expert_offset
+        ctx.expert_offset, ctx.fused_quant = expert_offset, fused_quant
         saved = ()
         if profile.grad is not None and wgrad:
             spec = profile.activation or profile.grad
@@ -311,13 +340,13 @@ class _GroupedNVFP4(torch.autograd.Function):
         dy = dy.contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            _, dy_op = _quantize_rows(dy, profile.grad, layout, seeds=dgrad_seed(seeds))
-            nonfinite.record(weight, dy_op.global_scale, "gradient (dgrad operand)")
             w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
             schedule = layout.cache.get("schedule")
             if schedule is None:
                 schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
-            dx = dispatch.grouped_gemm(dy_op, w_t, layout.offs, ctx.x_dtype, schedule=schedule)
+            dx, s_dy = _rows_gemm(dy, profile.grad, w_t, layout, schedule, ctx.x_dtype, fused=ctx.fused_quant,
+                                  seeds=dgrad_seed(seeds))
+            nonfinite.record(weight, s_dy, "gradient (dgrad operand)")
         if ctx.needs_input_grad[1]:
             _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
                                                 rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds), emit_dq=True)
@@ -325,7 +354,7 @@ class _GroupedNVFP4(torch.autograd.Function):
             data, scale, s_xt = x_t_parts
             xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
             dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)
-        return dx, dw, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None
 
 
 class GroupedLinear(nn.Module):
@@ -339,11 +368,14 @@ class GroupedLinear(nn.Module):
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.expert_offset = 0  # global index of weight[0]: nonzero on an expert-parallel rank (engines.expert_parallel)
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
+        # NVFP4 fast path: x / dy quantized inside the grouped GEMMs (True) or by the separate pass first (False):
+        # the same bits; the default turns on where bench/kernels.py's `-fused` rows measure it faster on the GPU
+        self.fused_quant = False
         self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.operands.weight_operand
 
     def forward(self, x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         return grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,
-                              cache=self.weight_cache, expert_offset=self.expert_offset)
+                              cache=self.weight_cache, expert_offset=self.expert_offset, fused_quant=self.fused_quant)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, profile={self.profile.name}"
