@@ -321,7 +321,7 @@ def bench_moe_fused(rec, name, shape, x, W, layout, flops, t_bf16, reps):
     """The activation quantizer fused into the grouped GEMM (`grouped_gemm_quant`, kernels/quant_prologue.py) vs
     the separate pass (quantize emitting the bf16 copy, then `grouped_gemm`), as nn.experts runs each: the forward's
     per-token RNE operand (minite) and the dgrad's per-expert-amax SR operand (both recipes' gradients), each
-    including its amax pass. Same bits either way (tests/test_grouped_quant.py); rows give the ratio to the
+    including its amax pass. Same bits either way (tests/test_fused_quant.py); rows give the ratio to the
     separate pass (speedup) and to torch._grouped_mm bf16 (vs_grouped_mm)."""
     from minite_core.kernels import grouped as GG
     from minite_core.kernels.operands import DqOperand
