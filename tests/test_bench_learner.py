@@ -185,6 +185,30 @@ def test_te_rows_skipped_with_the_reason_without_te():
         learner.run(learner.resolve_config("tiny", cpu, profiles=("te:bf16",), warmup=1, iters=1), cpu)
 
 
+def test_fused_row_runs_the_profile_with_the_expert_quantizers_fused(monkeypatch):
+    """`minite+fused` is minite's row with every GroupedLinear's fused_quant on for its steps and its counted
+    forward (off again after), timed beside the plain row; unknown base profiles still fail first."""
+    from minite_core.nn import GroupedLinear
+
+    seen = []
+    step = learner.learner_step
+
+    def spy(model, *a, **kw):
+        seen.append({m.fused_quant for m in model.modules() if isinstance(m, GroupedLinear)})
+        return step(model, *a, **kw)
+
+    monkeypatch.setattr(learner, "learner_step", spy)
+    cpu = torch.device("cpu")
+    cfg = learner.resolve_config("tiny", cpu, profiles=("minite", "minite+fused"), warmup=1, iters=1)
+    payload = learner.run(cfg, cpu, log=lambda _: None)
+    rows = {r["profile"]: r for r in payload["rows"]}
+    assert set(rows) == {"minite", "minite+fused"}
+    assert sorted(map(tuple, seen)) == [(False,), (False,), (True,), (True,)]  # 2 rounds, one step per row
+    assert rows["minite+fused"]["saved_act_gb"] == rows["minite"]["saved_act_gb"]  # the same tensors are saved
+    with pytest.raises(ValueError, match="nope"):
+        learner.run(learner.resolve_config("tiny", cpu, profiles=("nope+fused",)), cpu)
+
+
 # ---- one AdamW state on the device at a time (OptimizerSwap) ----------------------------------------------
 def _two_optimizers(device="cpu", fused=False):
     """As the bench: AdamW over (W (E, N, K), a dense d) and a second AdamW over W's per-expert views and d."""

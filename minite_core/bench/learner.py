@@ -23,6 +23,10 @@ view/cast copies and the modules' weight caches excluded; the loss's own log-sof
 every profile — the count covers `model(ids)`). The NVFP4 learners recompute their RMSNorms and SwiGLU in backward
 (profile knob `recompute_elementwise`, `nn.recompute`): they keep their inputs, not their fp32 upcasts and
 elementwise intermediates; bf16 keeps autograd's plain graph, as its users run it (and as the baseline's speed).
+
+A row named `<profile>+fused` (e.g. `minite+fused`) is that profile with its expert GEMMs' activation and dgrad
+quantizers run inside the grouped GEMMs (`GroupedLinear.fused_quant`, kernels/quant_prologue.py): the same bits as
+the plain row, timed beside it in the same rounds, so the ratio of the two rows is what the fusion buys end to end.
 """
 from __future__ import annotations
 
@@ -45,10 +49,29 @@ from minite_core.bench.op_profile import kernel_table, profiled, summary
 from minite_core.bench.saved_activations import saved_activation_bytes
 from minite_core.bench.timing import Stats, round_robin, timed_rounds
 from minite_core.model import use_profile
-from minite_core.nn import clear_weight_caches, track_optimizer
+from minite_core.nn import GroupedLinear, clear_weight_caches, track_optimizer
 from minite_core.profiles import get_profile
 from minite_core.results import env_info, write_json
 from minite_core.runs.cli import add_common_args, parse_with_config
+
+
+FUSED = "+fused"  # row-name suffix: the profile with its expert GEMMs' quantizers fused (module docstring)
+
+
+@contextlib.contextmanager
+def use_row(model, name: str):
+    """The row's profile on the model and, for `<profile>+fused`, every GroupedLinear's `fused_quant` on; both
+    taken off on exit."""
+    experts = [m for m in model.modules() if isinstance(m, GroupedLinear)]
+    before = [m.fused_quant for m in experts]
+    with use_profile(model, name.removesuffix(FUSED)):
+        for m in experts:
+            m.fused_quant = name.endswith(FUSED)
+        try:
+            yield
+        finally:
+            for m, was in zip(experts, before):
+                m.fused_quant = was
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
@@ -56,7 +79,7 @@ def run(cfg: LearnerBenchConfig, device: torch.device, log=print) -> dict:
     """Run the bench; return the throughput/v1 payload (without writing it)."""
     for name in cfg.profiles:
         if te_mode(name) is None:  # unknown names fail before any work
-            get_profile(name)
+            get_profile(name.removesuffix(FUSED))
     t_start = time.perf_counter()
     cuda = device.type == "cuda"
     if cuda:
@@ -134,7 +157,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
             return lambda: learner_step(model, opt, input_ids, labels)
 
         def scope(name):  # the row's profile on the model, put on and taken off outside the timed step
-            return contextlib.nullcontext() if name in copies else use_profile(model, name)
+            return contextlib.nullcontext() if name in copies else use_row(model, name)
 
         round_robin(profiles, r, prepare, device, samples if timed else None, peaks, scope)
 
@@ -157,7 +180,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
         if name in copies:
             saved[name] = saved_activation_bytes(copies[name], input_ids)
             continue
-        with use_profile(model, name):
+        with use_row(model, name):
             saved[name] = saved_activation_bytes(model, input_ids)
         clear_weight_caches(model)  # no optimizer step follows: drop this profile's cached operands now
     if cuda:
@@ -194,7 +217,7 @@ def _run(cfg: LearnerBenchConfig, device: torch.device, log, t_start: float, cud
 
 def _op_profile(model, opt, input_ids, labels, name: str, log) -> dict:
     """One learner step of `name` under torch.profiler: its kernels (bench.op_profile; untimed)."""
-    with use_profile(model, name), profiled(input_ids.device) as prof:
+    with use_row(model, name), profiled(input_ids.device) as prof:
         learner_step(model, opt, input_ids, labels)
     table = kernel_table(prof)
     log(f"kernels, {name}: {summary(table, 12)}")
@@ -249,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="minite bench learner", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="tiny | h200 | JSON file | inline JSON (default: h200 on CUDA, "
                                                    "tiny on CPU)")
-    ap.add_argument("--profiles", default=None, help="comma list, e.g. bf16,te-nvfp4,minite")
+    ap.add_argument("--profiles", default=None, help="comma list, e.g. bf16,te-nvfp4,minite,minite+fused "
+                    "(+fused: the expert GEMMs' quantizers in their prologue)")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--layers", type=int)
