@@ -224,6 +224,12 @@ def _segment_amax(values: torch.Tensor, segment: torch.Tensor, num_segments: int
     return out.scatter_reduce(0, segment, values.float(), reduce="amax", include_self=True)
 
 
+def _row_seeds(seeds, layout: MoELayout):
+    """Per-expert SR seeds (E,) -> the quantizers' per-row stream (seed of the row's expert, expert-local row), or
+    None without SR."""
+    return None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+
+
 def _row_scales(x, spec: Quant, layout: MoELayout, input_amax, fused: bool):
     """(scale_mode, amax) that x (Tp, C)'s rows are quantized with: per-token scales as they are (their amax from
     the quantizer's own pass, or with `fused` from a row-amax pass the fused GEMM reads: the same max); a static
@@ -238,7 +244,7 @@ def _row_scales(x, spec: Quant, layout: MoELayout, input_amax, fused: bool):
 
 def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=None):
     """x (Tp, C) along C with `_row_scales`. seeds: per-expert SR seeds (E,) int64. -> (NVFP4Tensor, DqOperand)."""
-    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    seg_seed = _row_seeds(seeds, layout)
     mode, amax = _row_scales(x, spec, layout, input_amax, fused=False)
     return dispatch.quantize_dq(x, spec, scale_mode=mode, amax=amax, check=False, seg_seed=seg_seed)
 
@@ -252,7 +258,7 @@ def _rows_gemm(x, spec: Quant, w_op: DqOperand, layout: MoELayout, schedule, out
         _, x_op = _quantize_rows(x, spec, layout, input_amax=input_amax, seeds=seeds)
         y = dispatch.grouped_gemm(x_op, w_op, layout.offs, out_dtype, schedule=schedule, invariant=invariant)
         return y, x_op.global_scale
-    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    seg_seed = _row_seeds(seeds, layout)
     mode, amax = _row_scales(x, spec, layout, input_amax, fused=True)
     amax = torch.as_tensor(amax, dtype=torch.float32, device=x.device)
     amax = amax.reshape(()) if mode == "tensor" else amax  # a static scale: one for the tensor, as the quantizer's
@@ -286,7 +292,7 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     if block_expert is None:
         block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
     seg = _segment_amax(dispatch.col_block_amax(x, rht=rht, rht_dtype=rht_dtype), block_expert, layout.num_experts)  # (E,)
-    seg_seed = None if seeds is None else (seeds[layout.row_expert], layout.row_local)
+    seg_seed = _row_seeds(seeds, layout)
     t, dq = dispatch.quantize_cols(x, spec, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, col_amax=seg[block_expert],
                                    seg_seed=seg_seed)
     s_dec = dispatch.decode_scale(seg)
