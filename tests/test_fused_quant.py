@@ -1,8 +1,10 @@
 """The W4A4 GEMMs with the activation quantizer fused into their prologue (kernels/quant_prologue.py) against the
 unfused path — the separate quantize pass (`quantize_triton(..., emit_dq=True)`) then the same Triton GEMM
 (`grouped.grouped_gemm`, `gemm.gemm_triton`) with the same tile config: outputs and S_dec bit for bit (atol=0,
-rtol=0), RNE and SR, exact and fast, per-row / per-expert / per-tensor / static global scales; then the MoE layer
-and a whole learner step with the fused path on and off.
+rtol=0), RNE and SR, exact and fast, per-row / per-expert / per-tensor / static global scales; the wgrad's dyᵀ
+quantized along tokens in the K-grouped GEMM's prologue (`kgrouped_gemm_quant`) against the separate along-token
+pass (`quantize_cols_triton(..., emit_dq=True)`) + `grouped.kgrouped_gemm`, with and without TE's RHT; then the MoE
+layer and a whole learner step with the fused path on and off.
 
 CPU: the kernels run under TRITON_INTERPRET=1 (tiny shapes: uneven segments, an empty expert, zero pad rows, a K
 that is not a multiple of BLOCK_K, an N that is not one of BLOCK_N). GPU: the same tests compiled.
