@@ -1,8 +1,10 @@
 """The W4A4 GEMMs with the activation quantizer fused into their prologue (kernels/quant_prologue.py) against the
 unfused path — the separate quantize pass (`quantize_triton(..., emit_dq=True)`) then the same Triton GEMM
 (`grouped.grouped_gemm`, `gemm.gemm_triton`) with the same tile config: outputs and S_dec bit for bit (atol=0,
-rtol=0), RNE and SR, exact and fast, per-row / per-expert / per-tensor / static global scales; then the MoE layer
-and a whole learner step with the fused path on and off.
+rtol=0), RNE and SR, exact and fast, per-row / per-expert / per-tensor / static global scales; the wgrad's dyᵀ
+quantized along tokens in the K-grouped GEMM's prologue (`kgrouped_gemm_quant`) against the separate along-token
+pass (`quantize_cols_triton(..., emit_dq=True)`) + `grouped.kgrouped_gemm`, with and without TE's RHT; then the MoE
+layer and a whole learner step with the fused path on and off.
 
 CPU: the kernels run under TRITON_INTERPRET=1 (tiny shapes: uneven segments, an empty expert, zero pad rows, a K
 that is not a multiple of BLOCK_K, an N that is not one of BLOCK_N). GPU: the same tests compiled.
@@ -179,6 +181,148 @@ def test_dispatch_entries_and_specs():
         _equal(s, x_op.global_scale)
 
 
+# ---- the wgrad (K-grouped) GEMM: dyᵀ quantized along tokens in its prologue --------------------------------------
+def _wgrad_operands(n, k, dtype=torch.bfloat16, seed=0, pads=False):
+    """dy (64, n) on OFFS's layout (zero pad rows unless `pads`; an all-zero 16-token block of one channel), the
+    saved x operand as the kernel reads it (bf16 [k, 64], its S_dec per expert), per-token SR streams and the
+    16-token blocks' experts."""
+    dy, offs, expert, local = _layout_input(n, torch.float32, seed)
+    if pads:  # pad rows holding values: the separate pass quantizes them too, with the same streams
+        dy = dy + torch.randn(64, n, generator=torch.Generator().manual_seed(seed + 1)).to(DEV) * (dy == 0)
+    dy[16:32, 3] = 0.0
+    xt = torch.randn(k, 64, generator=torch.Generator().manual_seed(seed + 2)).to(DEV, torch.bfloat16)
+    s_xt = torch.tensor([0.5, 1.0, 3.0, 0.25], device=DEV)
+    seg_seed = (torch.tensor([5, 2**40 + 3, 7, 9], device=DEV)[expert], local)
+    return dy.to(dtype), xt, s_xt, offs, seg_seed, expert[::16].contiguous()
+
+
+def _wgrad_separate(dy, amax, xt, s_xt, offs, block_expert, math, rounding, seg_seed, rht, config):
+    """What nn.experts runs without fused_quant: `quantize_cols_triton` emitting dyᵀ's bf16 copy (per-block amax
+    = its expert's), then `kgrouped_gemm` with S_dec = decode_scale(amax)."""
+    from minite_core.kernels.quantize import decode_scale
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    _, dq = quantize_cols_triton(dy, col_amax=amax[block_expert], math=math, rounding=rounding,
+                                 seg_seed=seg_seed if rounding == "sr" else None, rht=rht is not None,
+                                 rht_dtype=rht or "float32", emit_dq=True, check=False)
+    s_dec = decode_scale(amax)
+    return GG.kgrouped_gemm(dq, s_dec, xt, s_xt, offs, config=config), s_dec
+
+
+def _wgrad_amax(dy, block_expert, rht):
+    from minite_core.kernels.quantize_cols import col_block_amax
+
+    blocks = col_block_amax(dy, rht=rht is not None, rht_dtype=rht or "float32")
+    return torch.zeros(4, device=DEV).scatter_reduce(0, block_expert, blocks, "amax")
+
+
+SMALL_K = None if CUDA else GG.SMALL_K
+WGRAD_CASES = [(math, rounding, rht) for math in ("exact", "fast") for rounding in ("rne", "sr")
+               for rht in (None, "float32", "bfloat16")]
+
+
+@cpu_kernels
+@pytest.mark.parametrize("math,rounding,rht", WGRAD_CASES)
+def test_fused_wgrad_equals_separate_quantize_cols_then_kgrouped_gemm(math, rounding, rht):
+    """The wgrad's dyᵀ operand of both recipes — SR exact without RHT (minite), SR exact with RHT rounded to bf16
+    (te-nvfp4) — and every other quantizer setting: `kgrouped_gemm_quant` against the separate along-token pass +
+    `kgrouped_gemm`, bit for bit, per-expert scales, an empty expert, N = 40 and K = 48 not tile multiples; with a
+    tile of two 16-token blocks too (the first expert's tile runs past its segment into the next)."""
+    dy, xt, s_xt, offs, seg_seed, block_expert = _wgrad_operands(40, 48)
+    amax = _wgrad_amax(dy, block_expert, rht)
+    seg_seed = seg_seed if rounding == "sr" else None
+    for cfg in (SMALL_K, None if CUDA else dict(GG.SMALL_K, BLOCK_T=32)):
+        c_ref, s_ref = _wgrad_separate(dy, amax, xt, s_xt, offs, block_expert, math, rounding, seg_seed, rht, cfg)
+        c, s = GG.kgrouped_gemm_quant(dy, amax, xt, s_xt, offs, math=math, rounding=rounding, seg_seed=seg_seed,
+                                      rht=rht is not None, rht_dtype=rht or "float32", config=cfg)
+        assert c_ref.abs().amax() > 0
+        _equal(c, c_ref)
+        _equal(s, s_ref)
+    if rounding == "sr":  # the draws matter: other seeds give other values
+        c2, _ = GG.kgrouped_gemm_quant(dy, amax, xt, s_xt, offs, math=math, rounding="sr",
+                                       seg_seed=(seg_seed[0] + 1, seg_seed[1]), rht=rht is not None,
+                                       rht_dtype=rht or "float32", config=SMALL_K)
+        assert not torch.equal(c2, c)
+
+
+@cpu_kernels
+@pytest.mark.parametrize("rht", [None, "bfloat16"])
+def test_fused_wgrad_pad_rows_fp32_and_non_finite(rht):
+    """Pad rows holding values (the separate pass quantizes them with the same streams), an fp32 dy, and a token
+    holding Inf and one holding NaN: NaN where the separate path has NaN (the expert's S_dec and its whole dW
+    slice), bit for bit elsewhere."""
+    dy, xt, s_xt, offs, seg_seed, block_expert = _wgrad_operands(24, 40, seed=4, pads=True)
+    for x in (dy, dy.float()):
+        amax = _wgrad_amax(x, block_expert, rht)
+        c_ref, s_ref = _wgrad_separate(x, amax, xt, s_xt, offs, block_expert, "exact", "sr", seg_seed, rht, SMALL_K)
+        c, s = GG.kgrouped_gemm_quant(x, amax, xt, s_xt, offs, rounding="sr", seg_seed=seg_seed,
+                                      rht=rht is not None, rht_dtype=rht or "float32", config=SMALL_K)
+        _equal(c, c_ref)
+        _equal(s, s_ref)
+    dy[20, 5], dy[50, 7] = float("inf"), float("nan")
+    amax = _wgrad_amax(dy, block_expert, rht)
+    c_ref, s_ref = _wgrad_separate(dy, amax, xt, s_xt, offs, block_expert, "exact", "rne", None, rht, SMALL_K)
+    c, s = GG.kgrouped_gemm_quant(dy, amax, xt, s_xt, offs, rht=rht is not None, rht_dtype=rht or "float32",
+                                  config=SMALL_K)
+    _equal(c, c_ref)
+    _equal(s, s_ref)
+    assert s[2].isnan() and s[3].isnan() and c[2:].isnan().all() and c[0].isfinite().all()
+
+
+@cpu_kernels
+def test_fused_wgrad_dispatch_and_checks():
+    dy, xt, s_xt, offs, seg_seed, block_expert = _wgrad_operands(16, 32)
+    amax = _wgrad_amax(dy, block_expert, None)
+    grad = get_profile("minite").grad
+    with dispatch.using_backend("triton"):
+        c, s = dispatch.kgrouped_gemm_quant(dy, grad, amax, xt, s_xt, offs, seg_seed=seg_seed)
+    c_ref, s_ref = _wgrad_separate(dy, amax, xt, s_xt, offs, block_expert, "exact", "sr", seg_seed, None, None)
+    _equal(c, c_ref)
+    _equal(s, s_ref)
+    with pytest.raises(RuntimeError, match="fast path"):
+        dispatch.kgrouped_gemm_quant(dy.cpu(), grad, amax.cpu(), xt.cpu(), s_xt.cpu(), offs.cpu(),
+                                     backend="reference")
+    with pytest.raises(ValueError, match="seg_seed"):
+        GG.kgrouped_gemm_quant(dy, amax, xt, s_xt, offs, rounding="sr")
+    with pytest.raises(ValueError, match="one per expert"):
+        GG.kgrouped_gemm_quant(dy, amax[:3], xt, s_xt, offs)
+    with pytest.raises(ValueError, match="Tp % 16"):
+        GG.kgrouped_gemm_quant(dy[:40], amax, xt, s_xt, offs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("math,rounding,rht", [("exact", "sr", None), ("exact", "sr", "bfloat16"),
+                                               ("exact", "rne", None), ("fast", "sr", "float32")])
+def test_gpu_fused_wgrad_equals_separate_at_the_learner_tile(math, rounding, rht):
+    """Compiled, at the learner's wgrad tile (KGROUPED_CONFIG) and a shape with uneven expert segments (one empty,
+    several past a BLOCK_T tile, N and K not tile multiples): the fused dyᵀ prologue against the separate
+    along-token pass + the same K-grouped GEMM, bit for bit — minite's and te-nvfp4's gradient specs first."""
+    torch.manual_seed(0)
+    counts = torch.tensor([300, 0, 17, 129, 1, 256, 64, 90])
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), ((counts + 15) // 16 * 16).cumsum(0)])
+    rows = int(starts[-1])
+    n, k = 384 + 16, 512 + 48
+    expert = torch.searchsorted(starts[1:], torch.arange(rows), right=True)
+    local = torch.arange(rows) - starts[expert]
+    real = (local < counts[expert]).unsqueeze(1)
+    dy = (torch.randn(rows, n) * torch.rand(rows, 1).mul(8).exp2() * real).to(DEV, torch.bfloat16)
+    xt = (torch.randn(k, rows) * real.t()).to(DEV, torch.bfloat16)
+    s_xt = torch.rand(8, device=DEV) + 0.5
+    offs, expert, local = starts.to(DEV), expert.to(DEV), local.to(DEV)
+    block_expert = expert[::16].contiguous()
+    from minite_core.kernels.quantize_cols import col_block_amax
+
+    blocks = col_block_amax(dy, rht=rht is not None, rht_dtype=rht or "float32")
+    amax = torch.zeros(8, device=DEV).scatter_reduce(0, block_expert, blocks, "amax")
+    seg_seed = ((torch.arange(8, device=DEV) * 7919 + 3)[expert], local) if rounding == "sr" else None
+    c_ref, s_ref = _wgrad_separate(dy, amax, xt, s_xt, offs, block_expert, math, rounding, seg_seed, rht, None)
+    c, s = GG.kgrouped_gemm_quant(dy, amax, xt, s_xt, offs, math=math, rounding=rounding, seg_seed=seg_seed,
+                                  rht=rht is not None, rht_dtype=rht or "float32")
+    _equal(c, c_ref)
+    _equal(s, s_ref)
+
+
 # ---- the dense GEMM ----------------------------------------------------------------------------------------------
 DENSE = [("row", "rne", "exact"), ("tensor", "rne", "fast"), ("static", "rne", "exact"), ("tensor", "sr", "exact"),
          ("tensor", "sr", "fast")]
@@ -229,15 +373,17 @@ def _layer_outputs(mod, x, layout, fused):
 @cpu_kernels
 @pytest.mark.parametrize("name", GROUPED_PROFILES)
 def test_grouped_linear_fused_quant_is_bitwise_the_separate_pass(name, one_thread, monkeypatch):
-    """GroupedLinear on the fast path with `fused_quant` on and off: y, dx and dW equal bit for bit, over routings
-    with empty experts, a single token, and every token on one expert; on, the forward and dgrad GEMMs are the
-    fused ones."""
+    """GroupedLinear on the fast path with `fused_quant` on and off: y, dx and dW equal bit for bit (atol=0), over
+    routings with empty experts, a single token, and every token on one expert; on, the forward, dgrad and wgrad
+    GEMMs are the fused ones (wgrad's dyᵀ: SR, and for te-nvfp4 the RHT rounded to bf16)."""
     from minite_core.nn import GroupedLinear
     from minite_core.nn.moe_layout import moe_layout, permute
 
     calls = []
-    fused_gemm = dispatch.grouped_gemm_quant
+    fused_gemm, fused_wgrad = dispatch.grouped_gemm_quant, dispatch.kgrouped_gemm_quant
     monkeypatch.setattr(dispatch, "grouped_gemm_quant", lambda *a, **kw: calls.append(a[1]) or fused_gemm(*a, **kw))
+    monkeypatch.setattr(dispatch, "kgrouped_gemm_quant",
+                        lambda *a, **kw: calls.append(("wgrad", a[1])) or fused_wgrad(*a, **kw))
 
     with dispatch.using_backend("triton"):
         g = GroupedLinear(4, 32, 48)
@@ -252,7 +398,8 @@ def test_grouped_linear_fused_quant_is_bitwise_the_separate_pass(name, one_threa
             x = permute(x.to(DEV, torch.bfloat16), layout)
             calls.clear()
             sut = _layer_outputs(g, x, layout, True)
-            fused = [g.profile.activation] + ([g.profile.grad] if g.profile.can_learn else [])
+            grad = g.profile.grad
+            fused = [g.profile.activation] + ([grad, ("wgrad", grad)] if g.profile.can_learn else [])
             assert calls == fused
             ref = _layer_outputs(g, x, layout, False)
             assert calls == fused  # off: the separate pass only
@@ -262,9 +409,9 @@ def test_grouped_linear_fused_quant_is_bitwise_the_separate_pass(name, one_threa
 
 @cpu_kernels
 @pytest.mark.parametrize("name", ["minite", "te-nvfp4"])
-def test_learner_step_bitwise_with_fused_quant(name, one_thread):
+def test_learner_step_bitwise_with_fused_quant(name, one_thread, monkeypatch):
     """A whole learner step of a tiny MoE model on the fast path: loss and every gradient bit for bit with the
-    expert GEMMs' quantizers fused and separate."""
+    expert GEMMs' quantizers — forward, dgrad and wgrad — fused and separate."""
     import torch.nn.functional as F
 
     from minite_core.model import PRESETS, CausalLM, set_profile
@@ -273,7 +420,9 @@ def test_learner_step_bitwise_with_fused_quant(name, one_thread):
     cfg = PRESETS["tiny-moe"].replace(num_hidden_layers=2, mlp_only_layers=())
     model = CausalLM(cfg).init_weights(0).to(DEV)
     ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1)).to(DEV)
-    outs = []
+    outs, wgrads = [], []
+    fused_wgrad = dispatch.kgrouped_gemm_quant
+    monkeypatch.setattr(dispatch, "kgrouped_gemm_quant", lambda *a, **kw: wgrads.append(1) or fused_wgrad(*a, **kw))
     with dispatch.using_backend("triton"):
         set_profile(model, name)
         for fused in (True, False):
@@ -287,6 +436,7 @@ def test_learner_step_bitwise_with_fused_quant(name, one_thread):
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
             loss.backward()
             outs.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert len(wgrads) == 2 * cfg.num_hidden_layers  # gate_up and down of every MoE layer, fused run only
     (loss_sut, g_sut), (loss_ref, g_ref) = outs
     assert torch.equal(loss_sut, loss_ref)
     assert set(g_sut) == set(g_ref) and all(torch.equal(g_sut[n], g_ref[n]) for n in g_ref)

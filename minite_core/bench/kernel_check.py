@@ -179,6 +179,10 @@ def check_gemms(ck: Checker, m: int, n: int, k: int, experts: int, top_k: int, f
                               for e, (u, v) in enumerate(zip(bounds[:-1], bounds[1:]))])
         ck.run("kgrouped_gemm", f"Tp{tp} E{experts} N{n} K{k}",
                lambda: _ok(_rel(dispatch.kgrouped_gemm(a, s, b, s, layout.offs), kg_ref)))
+        # wgrad's dyᵀ quantizer in the GEMM's prologue, every branch of it (SR per-expert streams, TE's RHT rounded
+        # to bf16): the unfused path's bits (one variant: each costs the CPU smoke run ~5 s in the interpreter)
+        ck.run("kgrouped_gemm_quant[sr-rht-bf16]", f"Tp{tp} E{experts} N{n} K{k}",
+               lambda: (_wgrad_fused_equal(_input(tp, n, 12, dev), b, s, layout, True), 0.0))
         check_moe_quantizers(ck, layout, k)
     if fp32_head:
         from minite_core.formats.bf16x3 import split3
@@ -189,6 +193,24 @@ def check_gemms(ck: Checker, m: int, n: int, k: int, experts: int, top_k: int, f
                                                   zip(dispatch.split3(w, "stack").unbind(0), split3(w.cpu())[::-1])), 0.0))
         ck.run("fp32_split_linear", f"M{m} N{n} K{k}",
                lambda: _ok(_rel(Fp32SplitLinear.apply(x, w, None), x.double().cpu() @ w.double().cpu().t())))
+
+
+def _wgrad_fused_equal(dy, xt, s_x, layout, rht: bool) -> bool:
+    """`dispatch.kgrouped_gemm_quant` (dyᵀ quantized along tokens in the K-grouped GEMM's prologue: SR with
+    per-expert streams, per-expert amax, TE's RHT rounded to bf16 with `rht`) equals the separate `quantize_cols`
+    pass + `kgrouped_gemm`, bit for bit."""
+    from minite_core.kernels import dispatch
+
+    grad, seeds = Quant(rounding="sr"), (1000 + 7919 * layout.row_expert, layout.row_local)
+    block_expert = layout.row_expert[::16]
+    blocks = dispatch.col_block_amax(dy, rht=rht, rht_dtype="bfloat16")
+    amax = torch.zeros(layout.num_experts, device=dy.device).scatter_reduce(0, block_expert, blocks, "amax")
+    _, dq = dispatch.quantize_cols(dy, grad, col_amax=amax[block_expert], seg_seed=seeds, rht=rht,
+                                   rht_dtype="bfloat16", emit_dq=True)
+    c_ref = dispatch.kgrouped_gemm(dq, dispatch.decode_scale(amax), xt, s_x, layout.offs)
+    c, _ = dispatch.kgrouped_gemm_quant(dy, grad, amax, xt, s_x, layout.offs, seg_seed=seeds, rht=rht,
+                                        rht_dtype="bfloat16")
+    return torch.equal(c, c_ref)
 
 
 def check_moe_quantizers(ck: Checker, layout, k: int):

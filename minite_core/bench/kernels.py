@@ -311,6 +311,8 @@ def bench_moe(rec, tokens, hidden=2048, inter=768, experts=128, topk=8, reps=10,
             rec.add(f"moe-{name}-wgrad-w4a4-{label}", shape, t, f"moe-{name}-wgrad-bf16-grouped_mm", t_wb,
                     tflops=flops / t[0] / 1e9)
         _guard(rec, f"moe-{name}-wgrad-w4a4-triton", shape, wgrad)
+        _guard(rec, f"moe-{name}-w4a4-wgrad-fused", shape,
+               functools.partial(bench_moe_wgrad_fused, rec, name, shape, x, dy, layout, flops, t_wb, reps))
         for cfg in KGROUPED_SWEEP if sweep else ():
             lbl = "cfg-" + "-".join(str(v) for v in cfg.values())
             _guard(rec, f"moe-{name}-wgrad-{lbl}", shape, lambda cfg=cfg, lbl=lbl: wgrad(cfg, lbl))
@@ -347,13 +349,54 @@ def bench_moe_fused(rec, name, shape, x, W, layout, flops, t_bf16, reps):
                                      schedule=sched, **kw)[0]
 
     for label, sr in (("fwd-rne-row", False), ("dgrad-sr-expert", True)):
-        same = torch.equal(separate(sr), fused(sr))  # the compiled kernels' bits, recorded with the timing
-        t_sep = time_fn(lambda sr=sr: separate(sr), reps)
-        rec.add(f"moe-{name}-w4a4-{label}-separate", shape, t_sep, f"moe-{name}-bf16-grouped_mm", t_bf16,
-                tflops=flops / t_sep[0] / 1e9)
-        t_fused = time_fn(lambda sr=sr: fused(sr), reps)
-        rec.add(f"moe-{name}-w4a4-{label}-fused", shape, t_fused, f"moe-{name}-w4a4-{label}-separate", t_sep,
-                tflops=flops / t_fused[0] / 1e9, vs_grouped_mm=t_bf16[0] / t_fused[0], bitwise=same)
+        _fused_rows(rec, f"moe-{name}-w4a4-{label}", shape, functools.partial(separate, sr),
+                    functools.partial(fused, sr), flops, f"moe-{name}-bf16-grouped_mm", t_bf16, reps)
+
+
+def bench_moe_wgrad_fused(rec, name, shape, x, dy, layout, flops, t_wb, reps):
+    """The wgrad's dyᵀ quantizer fused into the K-grouped GEMM (`kgrouped_gemm_quant`, kernels/quant_prologue.py
+    `t_tile`: dy read in place, no bf16 dyᵀ copy) vs the separate along-token pass (`quantize_cols_triton` emitting
+    the bf16 copy, then `kgrouped_gemm`), as nn.experts runs each, both with the per-expert amax pass: minite's
+    gradient (SR, per-expert scales) and te-nvfp4's (the same after the RHT rounded to bf16). The saved x operand
+    (bf16 [K, Tp]) is made once outside both timings. Same bits either way (tests/test_fused_quant.py); rows give
+    the ratio to the separate pass (speedup) and to torch._grouped_mm bf16's wgrad (vs_grouped_mm)."""
+    from minite_core.kernels import grouped as GG
+    from minite_core.kernels.quantize import decode_scale
+    from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
+
+    offs, experts = layout.offs, layout.num_experts
+    block_expert = layout.row_expert[::16].contiguous()
+    seg_seed = ((torch.arange(experts, device=dy.device) * 7919 + 6)[layout.row_expert], layout.row_local)
+    xt = x.t().contiguous()  # (K, Tp)
+    s_x = torch.rand(experts, device=dy.device) + 0.5
+    quant = {"rounding": "sr", "seg_seed": seg_seed, "rht_dtype": "bfloat16"}
+
+    def expert_amax(rht):
+        blocks = col_block_amax(dy, rht=rht, rht_dtype="bfloat16")
+        return torch.zeros(experts, device=dy.device).scatter_reduce(0, block_expert, blocks, "amax")
+
+    def separate(rht):
+        amax = expert_amax(rht)
+        _, dq = quantize_cols_triton(dy, col_amax=amax[block_expert], rht=rht, emit_dq=True, check=False, **quant)
+        return GG.kgrouped_gemm(dq, decode_scale(amax), xt, s_x, offs)
+
+    def fused(rht):
+        return GG.kgrouped_gemm_quant(dy, expert_amax(rht), xt, s_x, offs, rht=rht, **quant)[0]
+
+    for label, rht in (("wgrad-sr-expert", False), ("wgrad-sr-rht-bf16", True)):
+        _fused_rows(rec, f"moe-{name}-w4a4-{label}", shape, functools.partial(separate, rht),
+                    functools.partial(fused, rht), flops, f"moe-{name}-wgrad-bf16-grouped_mm", t_wb, reps)
+
+
+def _fused_rows(rec, op, shape, separate, fused, flops, bf16_op, t_bf16, reps):
+    """Rows `{op}-separate` (vs the bf16 baseline `bf16_op`) and `{op}-fused` (vs the separate row, with
+    vs_grouped_mm and `bitwise`: the compiled kernels' outputs equal, checked with the timing)."""
+    same = torch.equal(separate(), fused())
+    t_sep = time_fn(separate, reps)
+    rec.add(f"{op}-separate", shape, t_sep, bf16_op, t_bf16, tflops=flops / t_sep[0] / 1e9)
+    t_fused = time_fn(fused, reps)
+    rec.add(f"{op}-fused", shape, t_fused, f"{op}-separate", t_sep, tflops=flops / t_fused[0] / 1e9,
+            vs_grouped_mm=t_bf16[0] / t_fused[0], bitwise=same)
 
 
 def _env(commit):

@@ -24,8 +24,8 @@ every profile — the count covers `model(ids)`). The NVFP4 learners recompute t
 (profile knob `recompute_elementwise`, `nn.recompute`): they keep their inputs, not their fp32 upcasts and
 elementwise intermediates; bf16 keeps autograd's plain graph, as its users run it (and as the baseline's speed).
 
-A row named `<profile>+fused` (e.g. `minite+fused`) is that profile with its expert GEMMs' activation and dgrad
-quantizers run inside the grouped GEMMs (`GroupedLinear.fused_quant`, kernels/quant_prologue.py): the same bits as
+A row named `<profile>+fused` (e.g. `minite+fused`) is that profile with its expert GEMMs' activation, dgrad and
+wgrad quantizers run inside the grouped GEMMs (`GroupedLinear.fused_quant`, kernels/quant_prologue.py): the same bits as
 the plain row, timed beside it in the same rounds, so the ratio of the two rows is what the fusion buys end to end.
 """
 from __future__ import annotations

@@ -11,7 +11,8 @@ so the CPU reference path imports none):
   `DqOperand`), `quantize_cols` (along tokens), `quantize_rows_cols`, `decode_scale`, `dequantize_bf16`, `as_dq`,
   `row_amax`, `col_block_amax`, `split3`;
 - GEMMs (kernels/gemm_ops.py): `gemm`, `grouped_gemm`, `gemm_quant` / `grouped_gemm_quant` (the A operand
-  quantized in the GEMM's prologue, `fused_quant_spec`), `kgrouped_gemm`, `grouped_schedule`, the packed-weight
+  quantized in the GEMM's prologue, `fused_quant_spec`), `kgrouped_gemm` / `kgrouped_gemm_quant` (wgrad's dyᵀ
+  quantized along tokens in its prologue), `grouped_schedule`, the packed-weight
   `decode_gemm` / `grouped_decode_gemm` / `grouped_decode_schedule`, `prepare_weight`, `gemm_w4a16`, and the peer
   arithmetics `gemm_te_reference`, `gemm_vllm_cpu`;
 - the model's other ops (kernels/model_ops.py): `attention`, `rms_norm`, `rms_norm_fused`, `rms_norm_tail`,
@@ -25,7 +26,7 @@ from minite_core.kernels.backend import (BACKENDS, auto_backend, backend_availab
 from minite_core.kernels.gemm_ops import (decode_gemm, fused_quant_spec, gemm, gemm_quant, gemm_te_reference,
                                           gemm_vllm_cpu, gemm_w4a16, grouped_decode_gemm, grouped_decode_schedule,
                                           grouped_gemm, grouped_gemm_quant, grouped_schedule, kgrouped_gemm,
-                                          prepare_weight)
+                                          kgrouped_gemm_quant, prepare_weight)
 from minite_core.kernels.model_ops import (attention, moe_combine, moe_layout, moe_permute, rms_norm, rms_norm_fused,
                                            rms_norm_tail, rope, silu_mul, swiglu, uniform_rows)
 from minite_core.kernels.operands import DqOperand, PackedExperts
@@ -41,7 +42,7 @@ __all__ = [
     "quantize_rows_cols", "row_amax", "rows_cols_spec", "split3",
     "decode_gemm", "fused_quant_spec", "gemm", "gemm_quant", "gemm_te_reference", "gemm_vllm_cpu", "gemm_w4a16",
     "grouped_decode_gemm", "grouped_decode_schedule", "grouped_gemm", "grouped_gemm_quant", "grouped_schedule",
-    "kgrouped_gemm", "prepare_weight",
+    "kgrouped_gemm", "kgrouped_gemm_quant", "prepare_weight",
     "attention", "moe_combine", "moe_layout", "moe_permute", "rms_norm", "rms_norm_fused", "rms_norm_tail", "rope",
     "silu_mul", "swiglu", "uniform_rows",
 ]

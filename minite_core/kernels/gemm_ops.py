@@ -1,7 +1,8 @@
 """The GEMM entry points of kernels.dispatch: y = â b̂ᵀ with fp32 accumulation on every backend, equal across
 backends up to accumulation order — dense (`gemm`; the fixed-tile batch-invariant one with `invariant=True`),
-grouped over MoE experts (`grouped_gemm`, the wgrad's `kgrouped_gemm`), both with the activation quantizer fused
-into the GEMM's prologue (`gemm_quant`, `grouped_gemm_quant`: kernels/quant_prologue.py), from packed weights
+grouped over MoE experts (`grouped_gemm`, the wgrad's `kgrouped_gemm`), each with the activation quantizer fused
+into the GEMM's prologue (`gemm_quant`, `grouped_gemm_quant`, and wgrad's along-token `kgrouped_gemm_quant`:
+kernels/quant_prologue.py), from packed weights
 (`decode_gemm`, `grouped_decode_gemm`: the profile knob decode_gemm="packed"), W4A16 (`gemm_w4a16`), and the two
 peer arithmetics a profile can name (`gemm_te_reference`, `gemm_vllm_cpu`: plain torch everywhere).
 
@@ -121,6 +122,23 @@ def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.
     from minite_core.kernels.grouped import kgrouped_gemm as _kgrouped
 
     return _kgrouped(a, sa, b, sb, offs)
+
+def kgrouped_gemm_quant(dy: torch.Tensor, grad: Quant, amax: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                        offs: torch.Tensor, *, seg_seed=None, rht: bool = False, rht_dtype: str = "float32",
+                        backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kgrouped_gemm` of a = dyᵀ quantized by `grad` along tokens in the GEMM's prologue, read from dy [Tp, N] in
+    place (kernels/quant_prologue.py `t_tile`) -> (dW [E, N, K] fp32, S_dec of dyᵀ [E]): bit for bit
+    `quantize_cols(dy, grad, col_amax=amax per 16-token block, seg_seed=seg_seed, rht=rht, emit_dq=True)` then
+    `kgrouped_gemm` with sa = `decode_scale(amax)`. amax [E]: each expert's amax of dy (after the RHT); seg_seed:
+    SR's (seed, expert-local token) per token. Fast path only (the reference's expert loop is nn.experts')."""
+    if not fast_path(dy, backend):
+        raise RuntimeError("kgrouped_gemm_quant is the fast path; the reference runs nn.experts' per-expert loop")
+    if not fused_quant_spec(grad):
+        raise ValueError(f"kgrouped_gemm_quant fuses 1x16 quantizers without 4over6, got {grad}")
+    from minite_core.kernels.grouped import kgrouped_gemm_quant as _kgrouped_quant
+
+    return _kgrouped_quant(dy, amax, b, sb, offs, math=grad.math, rounding=grad.rounding, seg_seed=seg_seed,
+                           rht=rht, rht_dtype=rht_dtype)
 
 def grouped_schedule(offs: torch.Tensor, block_m: int | None, total_rows: int, live=None, routed: int = 0):
     """Tile schedule of the fast grouped GEMM for this layout (None on the reference path); build once per MoE

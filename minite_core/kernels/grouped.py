@@ -12,7 +12,9 @@ Three kernels:
   (kernels/quant_prologue.py: x̂ never goes to memory; bit for bit the separate quantize pass + `grouped_gemm`);
 - `kgrouped_gemm` (wgrad)              w[e] = (a[:, seg_e] @ b[:, seg_e]ᵀ) · S_a[e] · S_b[e]   a [N, Tp], b [K, Tp]
   — the reduction runs over each expert's own tokens, so the along-token quantization blocks of both operands
-  (16 tokens, aligned to the segment start) are exactly the per-expert reference's;
+  (16 tokens, aligned to the segment start) are exactly the per-expert reference's — and `kgrouped_gemm_quant`,
+  the same kernel with a = dyᵀ quantized along tokens (RHT, SR) in its prologue from the raw dy [Tp, N]
+  (kernels/quant_prologue.py `t_tile`: bit for bit the separate `quantize_cols` pass + `kgrouped_gemm`);
 - `dequantize_triton`: packed codes + E4M3 scales -> bf16 e2m1(q)·sf (the saved, packed wgrad operand expanded
   right before its GEMM).
 Why not torch._grouped_mm for NVFP4: on torch 2.11 it refuses out_dtype=float32 for bf16 inputs (measured on the
@@ -33,7 +35,9 @@ import triton.language as tl
 from minite_core.formats import nvfp4 as ref
 from minite_core.kernels.gemm import INTERPRET, _dot, _dot_rows
 from minite_core.kernels.operands import DqOperand
-from minite_core.kernels.quant_prologue import a_scales, a_stream, a_tile, check_a
+from minite_core.kernels.quant_prologue import a_scales, a_stream, a_tile, check_a, t_scales, t_tile
+from minite_core.kernels.quantize import decode_scale
+from minite_core.kernels.quantize_cols import _rht_bf16
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages); the H200 sweep in bench/kernels.py ("grouped-tile") re-measures.
 # H200 sweep (results/h200/bench, T16384x8 E128 N1536 K2048): 128-256-64 w8 s3 1.61 ms; 64-256-64 w8 s4 1.96;
@@ -107,10 +111,15 @@ def _grouped_kernel(
 
 @triton.jit
 def _kgrouped_kernel(
-    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, offs_ptr, N, K, stride_a, stride_b,
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, offs_ptr, amax_ptr, seed_ptr, index_ptr, N, K, stride_a, stride_b,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr = False,
+    QUANT: tl.constexpr = False, FAST: tl.constexpr = False, SR: tl.constexpr = False, RHT: tl.constexpr = False,
+    RHT_BF16: tl.constexpr = False,
 ):
     # c[e, n, k] = sum_{t in seg_e} a[n, t] * b[k, t] * S_a[e] * S_b[e]; a: (N, Tp), b: (K, Tp), c: (E, N, K) fp32
+    # QUANT (`kgrouped_gemm_quant`, kernels/quant_prologue.py `t_tile`): a is the raw dy (Tp, N) (stride_a = its
+    # row stride), each (BN, BT) tile of dyᵀ quantized along tokens in the loop with expert e's amax (amax_ptr
+    # [E]); sa = S_dec of those amaxes (the launcher's); SR draws the per-token streams seed / index
     # 1D grid, expert-major then n then k: consecutive programs share the expert's a rows and sweep its b, so the
     # expert's operands (a few MB) stay in L2 (an (E, N, K) grid with E fastest re-read them from DRAM: 9-11 ms
     # vs torch._grouped_mm's 1.36 ms at T16384x8 N1536 K2048 on the H200)
@@ -129,15 +138,25 @@ def _kgrouped_kernel(
     rt = tl.arange(0, BLOCK_T)
     an = tl.where(rn < N, rn, 0).to(tl.int64)
     bk = tl.where(rk < K, rk, 0).to(tl.int64)
-    a_ptrs = a_ptr + an[:, None] * stride_a + (t0 + rt)[None, :]  # (BN, BT)
+    if QUANT:  # dyᵀ's (BN, BT) tile read from dy (Tp, N): channel-contiguous, so rn stays unclamped (N masked)
+        a_ptrs = a_ptr + (t0 + rt)[None, :].to(tl.int64) * stride_a + rn[:, None]
+        s_enc, s_dec = t_scales(amax_ptr, e, BLOCK_N, BLOCK_T)  # (BN, BT / 16), the expert's
+    else:
+        a_ptrs = a_ptr + an[:, None] * stride_a + (t0 + rt)[None, :]  # (BN, BT)
     b_ptrs = b_ptr + bk[None, :] * stride_b + (t0 + rt)[:, None]  # (BT, BK)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for i in range(0, tl.cdiv(t1 - t0, BLOCK_T)):
         tmask = (t0 + i * BLOCK_T + rt) < t1
-        a = tl.load(a_ptrs, mask=tmask[None, :], other=0.0)
+        if QUANT:
+            a = tl.load(a_ptrs, mask=(rn < N)[:, None] & tmask[None, :], other=0.0)
+            a = t_tile(a, s_enc, s_dec, seed_ptr, index_ptr, rn, t0 + i * BLOCK_T, t1, FAST, SR, RHT, RHT_BF16,
+                       BLOCK_N, BLOCK_T)
+            a_ptrs += BLOCK_T * stride_a
+        else:
+            a = tl.load(a_ptrs, mask=tmask[None, :], other=0.0)
+            a_ptrs += BLOCK_T
         b = tl.load(b_ptrs, mask=tmask[:, None], other=0.0)
         acc = _dot(a, b, acc, INTERPRET)
-        a_ptrs += BLOCK_T
         b_ptrs += BLOCK_T
     out = acc * (tl.load(sa_ptr + e) * tl.load(sb_ptr + e))
     cmask = (rn[:, None] < N) & (rk[None, :] < K)
@@ -315,14 +334,52 @@ def kgrouped_gemm(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.
                   config: dict | None = None) -> torch.Tensor:
     """wgrad: c [E, N, K] fp32 = per expert e, (a[:, seg_e] @ b[:, seg_e]ᵀ) * sa[e] * sb[e].
     a: bf16 [N, Tp] (e2m1·sf along tokens), b: bf16 [K, Tp]; sa, sb: fp32 [E]; offs [E + 1]."""
-    n, _ = a.shape
+    return _kgrouped_launch(a, a.shape[0], sa.float().contiguous(), b, sb, offs, config)
+
+
+def kgrouped_gemm_quant(dy: torch.Tensor, amax: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, offs: torch.Tensor,
+                        *, math: str = "exact", rounding: str = "rne",
+                        seg_seed: tuple[torch.Tensor, torch.Tensor] | None = None, rht: bool = False,
+                        rht_dtype: str = "float32", config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c [E, N, K] fp32, S_dyᵀ [E]): `kgrouped_gemm` with a = dyᵀ quantized along tokens in the GEMM's prologue
+    (kernels/quant_prologue.py `t_tile`), read from dy [Tp, N] (bf16 / fp32, unit stride along N) in place.
+    amax [E]: each expert's amax of dy (after the RHT when `rht`: `col_block_amax`'s blocks maxed per expert);
+    math "exact" | "fast"; rounding "rne" | "sr", SR with seg_seed = (seed, expert-local token) [Tp] int64 each;
+    rht / rht_dtype: TE's RHT over each 16-token block first. Bit for bit `quantize_cols_triton(dy,
+    col_amax=amax[expert of each 16-token block], emit_dq=True, ...)` then `kgrouped_gemm` on its bf16 copy with
+    sa = `decode_scale(amax)` (returned), with the same config."""
+    t_rows, n = dy.shape
+    if t_rows % 16 or dy.stride(1) != 1:
+        raise ValueError(f"the fused wgrad quantizer takes dy [Tp, N] with Tp % 16 == 0 and unit stride along N, "
+                         f"got shape {tuple(dy.shape)} strides {dy.stride()}")
+    if math not in ("exact", "fast") or rounding not in ("rne", "sr"):
+        raise ValueError(f"bad quantizer settings math={math!r} rounding={rounding!r}")
+    if rounding == "sr" and seg_seed is None:
+        raise ValueError("rounding='sr' needs seg_seed (per-token seeds and expert-local indices; no hidden RNG)")
+    e = offs.numel() - 1
+    if amax.numel() != e:
+        raise ValueError(f"amax: one per expert [{e}], got shape {tuple(amax.shape)}")
+    amax = amax.float().reshape(-1).contiguous()
+    s_dec = decode_scale(amax)
+    quant = {"amax": amax, "seg_seed": seg_seed, "FAST": math == "fast", "SR": rounding == "sr", "RHT": rht,
+             "RHT_BF16": rht and _rht_bf16(rht_dtype)}
+    return _kgrouped_launch(dy, n, s_dec, b, sb, offs, config, quant), s_dec
+
+
+def _kgrouped_launch(a, n: int, sa, b, sb, offs, config, quant: dict | None = None) -> torch.Tensor:
+    """One `_kgrouped_kernel` launch; quant = the QUANT branch's inputs and flags (a = the raw dy [Tp, N])."""
     k = b.shape[0]
     e = offs.numel() - 1
     cfg = _config(KGROUPED_CONFIG, SMALL_K, config, a.device)
+    if quant is not None and cfg["BLOCK_T"] % 16:
+        raise ValueError(f"the fused wgrad quantizer needs whole 16-token blocks a tile, got BLOCK_T={cfg['BLOCK_T']}")
     c = torch.empty(e, n, k, dtype=torch.float32, device=a.device)
+    quant = dict(quant or {})
+    amax = quant.pop("amax", sa)  # unread without QUANT
+    seeds, index = quant.pop("seg_seed", None) or (sa, sa)  # unread without SR
     grid = (e * triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(k, cfg["BLOCK_K"]),)
-    _kgrouped_kernel[grid](a, b, c, sa.float().contiguous(), sb.float().contiguous(), offs, n, k,
-                           a.stride(0), b.stride(0), INTERPRET=INTERPRET, **cfg)
+    _kgrouped_kernel[grid](a, b, c, sa, sb.float().contiguous(), offs, amax, seeds, index, n, k, a.stride(0),
+                           b.stride(0), INTERPRET=INTERPRET, QUANT=bool(quant), **quant, **cfg)
     return c
 
 

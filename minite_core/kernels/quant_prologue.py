@@ -1,5 +1,6 @@
 """The A operand's NVFP4 quantizer as a GEMM prologue: the W4A4 GEMMs (kernels/grouped.py `grouped_gemm_quant`,
-kernels/gemm.py `gemm_triton_quant`) load the raw activation x (bf16 / fp32) and quantize it in registers.
+kernels/gemm.py `gemm_triton_quant`) load the raw activation x (bf16 / fp32) and quantize it in registers; the MoE
+wgrad (kernels/grouped.py `kgrouped_gemm_quant`) does the same for dyᵀ along tokens (`t_tile`, last section).
 
 What the GEMM computes: y = (x̂ @ b̂ᵀ) · S_x · S_b with x̂ = e2m1(q)·sf the 1×16 NVFP4 quantization of x along K —
 each (BLOCK_M, BLOCK_K) tile of x, once loaded, is cut into its 1×16 blocks, each block's amax gives its E4M3 scale
@@ -28,14 +29,47 @@ config (not only to accumulation order):
   constexpr branch of the one kernel; the rest of the program is shared), and the epilogue is the same
   acc · (S_x · S_b) with S_x = `_global_scales` of the same amax. Blocks past K (masked loads of zeros) quantize
   to zeros, which is what the unfused kernel's masked loads read.
-No RHT here: the row-wise (along-K) operands of every profile skip it; RHT is on wgrad's along-token operands.
+No RHT in the row-wise (along-K) prologue: the row-wise operands of every profile skip it.
+
+The along-token sibling (`t_scales`, `t_tile`: kernels/grouped.py `kgrouped_gemm_quant`, the MoE wgrad): the A
+operand of wgrad is dyᵀ quantized along tokens — 16-token blocks aligned to each expert's segment start, the
+expert's global scale (its amax from `quantize_cols.col_block_amax`'s pass, one per expert), SR with per-token
+(seed, expert-local token) streams, and under TE's recipe the RHT over each 16-token block first (rounded to bf16
+with rht_dtype "bfloat16"). The K-grouped kernel loads dy [Tp, N] in its natural layout as the (BLOCK_N, BLOCK_T)
+tile of dyᵀ it used to read from the separate pass's bf16 copy, and `t_tile` turns it into that copy's values:
+- a tile holds whole blocks (the segment starts at a multiple of 16 and BLOCK_T % 16 == 0), so the tiling cannot
+  matter; tokens past the segment's end load as zeros, whole blocks of them, which quantize to zeros — what the
+  unfused kernel's masked loads read;
+- the RHT is `quantize._rht16` (the reference's butterfly: sign flip, stages h = 1, 2, 4, 8 of (a + b, a - b),
+  then x1/4, each value the same fp32 operation as `quantize_cols._rht_tokens`'s; only the sign of a zero can
+  differ, which no amax, scale or code sees), then the same bf16 rounding;
+- block amax, E4M3 scale, encode factor, rounding and the bf16 e2m1(q)·sf are `quantize.dq_blocks`, whose
+  operations are `quantize_cols._quantize_cols_kernel`'s (`block_scales`, `_e2m1_rne`, `_sr_magnitude`) in the
+  same order; the global scales are `_global_scales` of the same amax (`col_amax[g]` there is the expert's amax);
+- SR draws `quantize_cols`'s stream: element (channel n, token t) takes output t % 4 of
+  `tl.randint4x(seed[t4], (n << 32) + index[t4] // 4)`, t4 = t - t % 4, with seed / index the per-token arrays
+  the separate pass reads (`_uniforms` joins the four outputs in that order).
+The epilogue stays the kernel's: acc · (S_dyᵀ[e] · S_x[e]) with S_dyᵀ = the launcher's `decode_scale(amax)`, the
+value the separate pass returns. Cost, as for the rows: the separate pass writes dyᵀ's codes, scales and bf16
+copy (2.56 bytes an element) that the GEMM reads back (2); fused, each of the K / BLOCK_K programs sharing an
+(expert, n) tile redoes the quantizer (with TE's RHT and a Philox call per 4 elements) — 8 at Qwen3-30B-A3B's
+gate|up (K 2048, BLOCK_K 256), 3 at its down. The tile is reshaped to (BN, BT / 16, 16) for the block amax and
+the butterfly, which on the GPU may move values between threads (kernels/quantize_cols.py measured that layout
+slower for the standalone quantizer); the bench's `moe-*-w4a4-wgrad-*` rows measure what it costs here.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from minite_core.kernels.quantize import _global_scales, _max_nan, _uniforms, dq_tile
+from minite_core.kernels.quantize import (
+    _global_scales,
+    _max_nan,
+    _rht16,
+    _uniforms,
+    dq_blocks,
+    dq_tile,
+)
 
 
 @triton.jit
@@ -81,6 +115,37 @@ def a_tile(x, s_enc, s_dec, seed_r, ctr_row, k0, FAST: tl.constexpr, SR: tl.cons
     else:
         u = 0.0
     return dq_tile(x.to(tl.float32), s_enc, s_dec, u, FAST, SR, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def t_scales(amax_ptr, e, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """(S_enc, S_dec) (BN, BT // 16) of expert e's along-token blocks: `_global_scales` of its amax (amax_ptr [E]),
+    the same for every block of its segment — computed once a program."""
+    amax = tl.zeros([BLOCK_N, BLOCK_T // 16], dtype=tl.float32) + tl.load(amax_ptr + e)
+    return _global_scales(amax)
+
+
+@triton.jit
+def t_tile(x, s_enc, s_dec, seed_ptr, index_ptr, n, t, t_end, FAST: tl.constexpr, SR: tl.constexpr,
+           RHT: tl.constexpr, RHT_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """dyᵀ's tile x (BN, BT) — channels n (BN,), tokens t + [0, BT) of a segment ending at t_end, whole 16-token
+    blocks — -> bf16 e2m1(q)·sf, `quantize_cols_triton`'s EMIT_DQ values (module docstring): RHT first (RHT; bf16
+    rounding with RHT_BF16), then RNE or SR with the per-token streams seed / index (expert seed, expert-local
+    token) the separate pass reads."""
+    x = x.to(tl.float32)
+    if RHT:
+        x = _rht16(x, BLOCK_N, BLOCK_T)
+        if RHT_BF16:
+            x = x.to(tl.bfloat16).to(tl.float32)
+    if SR:
+        t4 = t + tl.arange(0, BLOCK_T // 4) * 4  # first token of each group of 4
+        m4 = t4 < t_end
+        seed_c = tl.load(seed_ptr + t4, mask=m4, other=0)[None, :]
+        local4 = tl.load(index_ptr + t4, mask=m4, other=0).to(tl.int64)[None, :] >> 2
+        u = _uniforms(seed_c, (n.to(tl.int64)[:, None] << 32) + local4, BLOCK_N, BLOCK_T)
+    else:
+        u = 0.0
+    return dq_blocks(x, s_enc, s_dec, u, FAST, SR, BLOCK_N, BLOCK_T)
 
 
 def check_a(x, amax, rounding: str, math: str, seeded: bool, rows: int):

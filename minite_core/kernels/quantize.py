@@ -215,9 +215,18 @@ def dq_tile(x, s_enc, s_dec, u, FAST: tl.constexpr, SR: tl.constexpr, BLOCK_M: t
     these elements, `_uniforms`; unread otherwise): `_quantize_kernel`'s EMIT_DQ values term for term (the fused
     GEMMs' A prologue, kernels/quant_prologue.py)."""
     NB: tl.constexpr = BLOCK_K // 16
-    bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
     se = tl.broadcast_to(s_enc[:, None], [BLOCK_M, NB])
     sd = tl.broadcast_to(s_dec[:, None], [BLOCK_M, NB])
+    return dq_blocks(x, se, sd, u, FAST, SR, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def dq_blocks(x, se, sd, u, FAST: tl.constexpr, SR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`dq_tile` with the global scales given per 1x16 block: se = S_enc, sd = S_dec (BM, BK // 16) — per row
+    (`dq_tile`) or per 16-column block (the wgrad's along-token operand, whose blocks take their expert's scale:
+    kernels/quant_prologue.py `t_tile`)."""
+    NB: tl.constexpr = BLOCK_K // 16
+    bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
     sf, _, enc = block_scales(bamax, se, sd, FAST)
     v = tl.reshape(tl.reshape(x, [BLOCK_M, NB, 16]) * enc[:, :, None], [BLOCK_M, BLOCK_K])
     if SR:

@@ -16,8 +16,9 @@ Two implementations:
   along N with per-expert SR streams x the cached Wᵀ operand — x and dy each quantized by a separate quantize
   pass first, or with `fused_quant=True` inside its grouped GEMM's prologue (kernels/quant_prologue.py: no bf16
   x̂ in memory), the same bits; wgrad = dyᵀ and the saved packed xᵀ (quantized along tokens per expert, RHT first
-  under TE's recipe) in a K-grouped GEMM. Codes and scales equal the reference's bit for bit; GEMM outputs agree
-  to fp32 accumulation order. An expert-parallel rank's slice (`expert_offset`) draws its experts' global SR
+  under TE's recipe) in a K-grouped GEMM, dyᵀ too quantized by a separate pass or, with `fused_quant`, in that
+  GEMM's prologue (`_wgrad`). Codes and scales equal the reference's bit for bit; GEMM outputs agree to fp32
+  accumulation order. An expert-parallel rank's slice (`expert_offset`) draws its experts' global SR
   streams, so it computes what the full layer computes for them.
 Saved for backward on the NVFP4 path: the packed xᵀ codes + E4M3 scales (4.5 bits / element) and the per-expert
 S_dec — the bf16 x is not kept.
@@ -47,8 +48,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
                    expert_offset: int = 0, fused_quant: bool = False) -> torch.Tensor:
     """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype.
     expert_offset: global index of weight[0] (an expert-parallel rank's slice of the experts): SR seeds and cache
-    keys are the global expert's. fused_quant (NVFP4 fast path): quantize x (forward) and dy (dgrad) inside the
-    grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same bits."""
+    keys are the global expert's. fused_quant (NVFP4 fast path): quantize x (forward), dy (dgrad) and dyᵀ (wgrad)
+    inside the grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same
+    bits."""
     if profile.weight is not None and current_shard() is not None:
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
@@ -288,10 +290,7 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     """xᵀ of x (Tp, C) quantized along tokens, per-tensor per expert (RHT first when asked): codes (C, Tp), read
     from x in its natural layout (`kernels.quantize_cols`). Returns (NVFP4Tensor, bf16 values or None, S_dec per
     expert (E,))."""
-    block_expert = layout.cache.get("block_expert")
-    if block_expert is None:
-        block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
-    seg = _segment_amax(dispatch.col_block_amax(x, rht=rht, rht_dtype=rht_dtype), block_expert, layout.num_experts)  # (E,)
+    seg, block_expert = _col_amax(x, layout, rht, rht_dtype)
     seg_seed = _row_seeds(seeds, layout)
     t, dq = dispatch.quantize_cols(x, spec, rht=rht, rht_dtype=rht_dtype, emit_dq=emit_dq, col_amax=seg[block_expert],
                                    seg_seed=seg_seed)
@@ -299,12 +298,41 @@ def _quantize_cols(x, spec: Quant, layout: MoELayout, *, rht: bool, rht_dtype: s
     return t, dq, s_dec
 
 
+def _col_amax(x, layout: MoELayout, rht: bool, rht_dtype: str):
+    """Each expert's amax of x (Tp, C) (after the RHT along tokens when asked), from the 16-token blocks' amax pass:
+    (E,) fp32, and the expert of every 16-token block (T/16,) (cached on the layout)."""
+    block_expert = layout.cache.get("block_expert")
+    if block_expert is None:
+        block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
+    blocks = dispatch.col_block_amax(x, rht=rht, rht_dtype=rht_dtype)  # (T/16,)
+    return _segment_amax(blocks, block_expert, layout.num_experts), block_expert
+
+
+def _wgrad(dy, profile: Profile, layout: MoELayout, x_t_parts, seeds, *, fused: bool):
+    """dW (E, N, K) fp32: per expert, dyᵀ quantized along tokens as `_quantize_cols` quantizes it (the grad spec,
+    per-expert scales, RHT under TE's recipe, the wgrad SR streams `seeds` (E,)) times the saved packed xᵀ, over
+    the expert's tokens -> (dW, S_dec of dyᵀ (E,)). fused: the quantizer runs in the K-grouped GEMM's prologue
+    (`dispatch.kgrouped_gemm_quant`: no bf16 dyᵀ copy in memory; the same bits); else the separate pass, then
+    `dispatch.kgrouped_gemm`."""
+    data, scale, s_xt = x_t_parts
+    xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
+    rht, rht_dtype = profile.wgrad_rht, profile.wgrad_rht_dtype
+    if fused and dispatch.fused_quant_spec(profile.grad):
+        seg, _ = _col_amax(dy, layout, rht, rht_dtype)
+        return dispatch.kgrouped_gemm_quant(dy, profile.grad, seg, xt_bf16, s_xt, layout.offs,
+                                            seg_seed=_row_seeds(seeds, layout), rht=rht, rht_dtype=rht_dtype)
+    _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=rht, rht_dtype=rht_dtype, seeds=seeds,
+                                        emit_dq=True)
+    return dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs), s_dyt
+
+
 class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset,
                 wgrad: bool, fused_quant: bool):
         # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's; fused_quant:
-        # the forward's and dgrad's row quantizers run inside their grouped GEMMs (`_rows_gemm`)
+        # the forward's and dgrad's row quantizers run inside their grouped GEMMs (`_rows_gemm`), wgrad's
+        # along-token one inside the K-grouped GEMM (`_wgrad`)
         if linear_gemm(profile).packed:  # the packed-weight grouped GEMM (nn.arithmetic.Packed)
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
@@ -354,12 +382,9 @@ class _GroupedNVFP4(torch.autograd.Function):
                                   seeds=dgrad_seed(seeds))
             nonfinite.record(weight, s_dy, "gradient (dgrad operand)")
         if ctx.needs_input_grad[1]:
-            _, dyt_bf16, s_dyt = _quantize_cols(dy, profile.grad, layout, rht=profile.wgrad_rht,
-                                                rht_dtype=profile.wgrad_rht_dtype, seeds=wgrad_seed(seeds), emit_dq=True)
+            dw, s_dyt = _wgrad(dy, profile, layout, x_t_parts, wgrad_seed(seeds), fused=ctx.fused_quant)
             nonfinite.record(weight, s_dyt, "gradient (wgrad operand)")
-            data, scale, s_xt = x_t_parts
-            xt_bf16 = dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_xt))
-            dw = dispatch.kgrouped_gemm(dyt_bf16, s_dyt, xt_bf16, s_xt, layout.offs).to(weight.dtype)
+            dw = dw.to(weight.dtype)
         return dx, dw, None, None, None, None, None, None, None, None
 
 
@@ -374,7 +399,7 @@ class GroupedLinear(nn.Module):
         self.seed = 0  # stochastic-rounding seed, set per step by the learner
         self.expert_offset = 0  # global index of weight[0]: nonzero on an expert-parallel rank (engines.expert_parallel)
         self.register_buffer("input_amax", None)  # static activation amax (one per grouped GEMM) from calibrate()
-        # NVFP4 fast path: x / dy quantized inside the grouped GEMMs (True) or by the separate pass first (False):
+        # NVFP4 fast path: x, dy, dyᵀ quantized inside the grouped GEMMs (True) or by separate passes (False):
         # the same bits; the default turns on where bench/kernels.py's `-fused` rows measure it faster on the GPU
         self.fused_quant = False
         self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.operands.weight_operand
