@@ -187,8 +187,8 @@ def _check_profiles(config, errors):
             if key == "throughput" and name.startswith("te:"):  # a real-TE row (bench/learner.py)
                 _te_mode(errors, f"{key}.profiles[{i}]", name)
                 continue
-            if key == "throughput":  # `<profile>+fused`: the row with its expert quantizers fused (bench/learner.py)
-                name = name.removesuffix("+fused")
+            if key == "throughput":  # `<profile>+fused+lowmem`: expert GEMM knobs on (bench/learner.py checks them)
+                name = name.split("+")[0]
             _profile(errors, f"{key}.profiles[{i}]", name, learner=key == "throughput")
     if "profile" in config.get("pretrain", {}):
         _profile(errors, "pretrain.profile", config["pretrain"]["profile"], learner=True)

@@ -185,28 +185,68 @@ def test_te_rows_skipped_with_the_reason_without_te():
         learner.run(learner.resolve_config("tiny", cpu, profiles=("te:bf16",), warmup=1, iters=1), cpu)
 
 
-def test_fused_row_runs_the_profile_with_the_expert_quantizers_fused(monkeypatch):
-    """`minite+fused` is minite's row with every GroupedLinear's fused_quant on for its steps and its counted
-    forward (off again after), timed beside the plain row; unknown base profiles still fail first."""
+def _rows_and_knobs(monkeypatch, knob: str, profiles: tuple[str, ...]) -> tuple[dict, list]:
+    """The tiny bench's rows of `profiles` (1 warm-up, 1 timed round) and, per learner step, the set of values the
+    GroupedLinears' `knob` had."""
     from minite_core.nn import GroupedLinear
 
     seen = []
     step = learner.learner_step
 
     def spy(model, *a, **kw):
-        seen.append({m.fused_quant for m in model.modules() if isinstance(m, GroupedLinear)})
+        seen.append({getattr(m, knob) for m in model.modules() if isinstance(m, GroupedLinear)})
         return step(model, *a, **kw)
 
     monkeypatch.setattr(learner, "learner_step", spy)
     cpu = torch.device("cpu")
-    cfg = learner.resolve_config("tiny", cpu, profiles=("minite", "minite+fused"), warmup=1, iters=1)
-    payload = learner.run(cfg, cpu, log=lambda _: None)
-    rows = {r["profile"]: r for r in payload["rows"]}
+    cfg = learner.resolve_config("tiny", cpu, profiles=profiles, warmup=1, iters=1)
+    return {r["profile"]: r for r in learner.run(cfg, cpu, log=lambda _: None)["rows"]}, seen
+
+
+def test_fused_row_runs_the_profile_with_the_expert_quantizers_fused(monkeypatch):
+    """`minite+fused` is minite's row with every GroupedLinear's fused_quant on for its steps and its counted
+    forward (off again after), timed beside the plain row; unknown base profiles still fail first."""
+    rows, seen = _rows_and_knobs(monkeypatch, "fused_quant", ("minite", "minite+fused"))
+    cpu = torch.device("cpu")
     assert set(rows) == {"minite", "minite+fused"}
     assert sorted(map(tuple, seen)) == [(False,), (False,), (True,), (True,)]  # 2 rounds, one step per row
     assert rows["minite+fused"]["saved_act_gb"] == rows["minite"]["saved_act_gb"]  # the same tensors are saved
     with pytest.raises(ValueError, match="nope"):
         learner.run(learner.resolve_config("tiny", cpu, profiles=("nope+fused",)), cpu)
+
+
+def test_row_suffixes_combine_and_unknown_ones_fail():
+    """`<profile>+fused+lowmem`: the profile plus both GroupedLinear knobs, in any order; use_row turns on the named
+    knobs, off the others, and puts back what the modules carried."""
+    from minite_core.bench.learner_setup import CONFIGS, build
+    from minite_core.nn import GroupedLinear
+
+    assert learner.parse_row("minite") == ("minite", ())
+    assert learner.parse_row("minite+fused") == ("minite", ("fused_quant",))
+    assert learner.parse_row("te-nvfp4+lowmem") == ("te-nvfp4", ("remake_output",))
+    assert learner.parse_row("minite+lowmem+fused") == ("minite", ("remake_output", "fused_quant"))
+    with pytest.raises(ValueError, match=r"unknown suffix '\+nope'.*\+fused, \+lowmem"):
+        learner.parse_row("minite+fused+nope")
+    model = build(CONFIGS["tiny"], torch.device("cpu"))[0]
+    experts = [m for m in model.modules() if isinstance(m, GroupedLinear)]
+    experts[0].remake_output = True  # what a module carried before the row
+    for row, want in (("minite+fused+lowmem", {(True, True)}), ("minite+lowmem", {(False, True)}),
+                      ("minite", {(False, False)})):
+        with learner.use_row(model, row):
+            assert {(m.fused_quant, m.remake_output) for m in experts} == want
+            assert all(m.profile.name == "minite" for m in experts)
+        assert experts[0].remake_output and not any(m.fused_quant for m in experts)
+
+
+def test_lowmem_row_saves_fewer_bytes(monkeypatch):
+    """`minite+lowmem` times minite with the experts' outputs made again in backward (GroupedLinear.remake_output):
+    its counted saved activations are fewer than minite's (the same run), bf16 ignores the suffix."""
+    rows, seen = _rows_and_knobs(monkeypatch, "remake_output",
+                                 ("bf16", "minite", "minite+lowmem", "minite+fused+lowmem"))
+    assert sorted(map(tuple, seen)) == [(False,)] * 4 + [(True,)] * 4  # 2 rounds, one step per row
+    assert rows["minite+lowmem"]["saved_act_gb"] < rows["minite"]["saved_act_gb"]
+    assert rows["minite+fused+lowmem"]["saved_act_gb"] == rows["minite+lowmem"]["saved_act_gb"]
+    assert rows["minite+lowmem"]["saved_act_ratio_vs_bf16"] < rows["minite"]["saved_act_ratio_vs_bf16"]
 
 
 # ---- one AdamW state on the device at a time (OptimizerSwap) ----------------------------------------------

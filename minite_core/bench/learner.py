@@ -27,6 +27,11 @@ elementwise intermediates; bf16 keeps autograd's plain graph, as its users run i
 A row named `<profile>+fused` (e.g. `minite+fused`) is that profile with its expert GEMMs' activation, dgrad and
 wgrad quantizers run inside the grouped GEMMs (`GroupedLinear.fused_quant`, kernels/quant_prologue.py): the same bits as
 the plain row, timed beside it in the same rounds, so the ratio of the two rows is what the fusion buys end to end.
+A row named `<profile>+lowmem` keeps the expert GEMMs' input codes instead of their outputs for backward, which
+makes the outputs again (`GroupedLinear.remake_output`, nn/experts.py): the same bits again, so the two rows give
+its saved-activation bytes and its step time. Suffixes combine (`minite+fused+lowmem`: the forward's quantizer
+then runs as the separate pass, which writes the codes; dgrad's stays fused); a profile without NVFP4 activations
+(bf16) ignores both.
 """
 from __future__ import annotations
 
@@ -55,31 +60,46 @@ from minite_core.results import env_info, write_json
 from minite_core.runs.cli import add_common_args, parse_with_config
 
 
-FUSED = "+fused"  # row-name suffix: the profile with its expert GEMMs' quantizers fused (module docstring)
+# row-name suffixes -> the GroupedLinear knob each turns on (module docstring); any of them, in any order
+ROW_KNOBS = {"fused": "fused_quant", "lowmem": "remake_output"}
+
+
+def parse_row(name: str) -> tuple[str, tuple[str, ...]]:
+    """`<profile>[+<suffix>...]` -> (the profile's name, the GroupedLinear knobs its suffixes turn on). An unknown
+    suffix raises ValueError naming the known ones."""
+    profile, *suffixes = name.split("+")
+    unknown = [s for s in suffixes if s not in ROW_KNOBS]
+    if unknown:
+        raise ValueError(f"row {name!r}: unknown suffix {'+' + unknown[0]!r}; known: "
+                         f"{', '.join('+' + s for s in ROW_KNOBS)}")
+    return profile, tuple(ROW_KNOBS[s] for s in suffixes)
 
 
 @contextlib.contextmanager
 def use_row(model, name: str):
-    """The row's profile on the model and, for `<profile>+fused`, every GroupedLinear's `fused_quant` on; both
-    taken off on exit."""
+    """The row's profile on the model and every GroupedLinear's knobs as its suffixes say (`parse_row`: on if
+    named, off if not); all put back on exit."""
+    profile, knobs = parse_row(name)
     experts = [m for m in model.modules() if isinstance(m, GroupedLinear)]
-    before = [m.fused_quant for m in experts]
-    with use_profile(model, name.removesuffix(FUSED)):
+    before = [{k: getattr(m, k) for k in ROW_KNOBS.values()} for m in experts]
+    with use_profile(model, profile):
         for m in experts:
-            m.fused_quant = name.endswith(FUSED)
+            for k in ROW_KNOBS.values():
+                setattr(m, k, k in knobs)
         try:
             yield
         finally:
             for m, was in zip(experts, before):
-                m.fused_quant = was
+                for k, v in was.items():
+                    setattr(m, k, v)
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------
 def run(cfg: LearnerBenchConfig, device: torch.device, log=print) -> dict:
     """Run the bench; return the throughput/v1 payload (without writing it)."""
     for name in cfg.profiles:
-        if te_mode(name) is None:  # unknown names fail before any work
-            get_profile(name.removesuffix(FUSED))
+        if te_mode(name) is None:  # unknown names and suffixes fail before any work
+            get_profile(parse_row(name)[0])
     t_start = time.perf_counter()
     cuda = device.type == "cuda"
     if cuda:
@@ -272,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="minite bench learner", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="tiny | h200 | JSON file | inline JSON (default: h200 on CUDA, "
                                                    "tiny on CPU)")
-    ap.add_argument("--profiles", default=None, help="comma list, e.g. bf16,te-nvfp4,minite,minite+fused "
-                    "(+fused: the expert GEMMs' quantizers in their prologue)")
+    ap.add_argument("--profiles", default=None, help="comma list, e.g. bf16,te-nvfp4,minite,minite+fused+lowmem "
+                    "(+fused: the expert GEMMs' quantizers in their prologue; +lowmem: their outputs made again in "
+                    "backward from their inputs' codes)")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--layers", type=int)

@@ -31,8 +31,13 @@ so forward hooks and the first-divergence trace address both engines alike. Diff
   autograd's plain graph, a fraction of its saved bytes. On the GPU fast path every learner profile's RMSNorm
   saves only its inputs anyway: torch's mean, one launch for the rest, one for the backward
   (kernels/rmsnorm_grad.py; the forward's bits, the gradients within one bf16 rounding).
+- Where the expert GEMMs' knob `remake_output` is on (off by default; nn/experts.py), SwiGLU and the MoE combine keep
+  their GEMM's input codes instead of its bf16 output, and backward makes the output again: the same bits, fewer
+  saved bytes (`Experts.remade`, `SparseMoE.local_experts`).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +50,7 @@ from minite_core.nn import GroupedLinear, QuantLinear
 from minite_core.nn.linear import group_decode
 from minite_core.nn.operands import cast_weight, torch_dtype
 from minite_core.nn.moe_layout import MoELayout, combine, moe_layout, permute
-from minite_core.nn.recompute import recompute
+from minite_core.nn.recompute import Remade, recompute
 from minite_core.profiles import PROFILES, Profile
 
 
@@ -215,7 +220,9 @@ class DenseMLP(nn.Module):
 
 class Experts(nn.Module):
     """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`); under
-    `recompute_elementwise` silu(gate) * up is recomputed in backward (only the gate|up GEMM output is saved)."""
+    `recompute_elementwise` silu(gate) * up is recomputed in backward (only the gate|up GEMM output is saved).
+    Where the GEMMs' `remake_output` knob is on (nn/experts.py), SwiGLU keeps the gate|up GEMM's input codes instead
+    of its output, and `remade` hands the down GEMM's recipe to the combine (`SparseMoE.local_experts`)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -224,13 +231,34 @@ class Experts(nn.Module):
 
     def forward(self, x_pad: torch.Tensor, layout: MoELayout) -> torch.Tensor:
         # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
-        gate_up = self.gate_up(x_pad, layout)  # (Tp, 2I)
-        h = dispatch.swiglu(gate_up, reference=self.swiglu_reference)  # (Tp, I)
-        return self.down(h, layout)
+        return self.remade(x_pad, layout).value
+
+    def remade(self, x_pad: torch.Tensor, layout: MoELayout) -> Remade:
+        """The forward's (Tp, D) output as a `Remade`: with the down GEMM's recipe where it keeps one."""
+        gate_up = _remade(self.gate_up, x_pad, layout)  # (Tp, 2I)
+        if gate_up.make is None:
+            h = dispatch.swiglu(gate_up.value, reference=self.swiglu_reference)  # (Tp, I)
+        else:  # one region: gate_up made again from its codes, then SwiGLU's forward and backward
+            h = recompute(_swiglu, gate_up)
+        return _remade(self.down, h, layout)
 
     def swiglu_reference(self, gate_up: torch.Tensor) -> torch.Tensor:
         """Torch's ops; with the recompute knob, only gate_up is saved (the fast path saves only it too)."""
         return recompute(swiglu, gate_up) if self.down.profile.recompute_elementwise else swiglu(gate_up)
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU through the dispatch (the fast path's kernel, else torch's ops): the same op with or without grad mode."""
+    return dispatch.swiglu(gate_up, reference=swiglu)
+
+
+def _remade(gemm: nn.Module, x: torch.Tensor, layout: MoELayout) -> Remade:
+    """gemm(x, layout) as a `Remade`: a GroupedLinear with `remake_output` on hands its recipe in grad mode (its
+    forward hooks then see the Remade); otherwise — the knob off, no gradient (hooks of the trace, calibration,
+    export), a peer's module swapped in (peers.te_learner) — the plain call."""
+    if isinstance(gemm, GroupedLinear) and gemm.remake_output and torch.is_grad_enabled():
+        return gemm(x, layout, remade=True)
+    return Remade(gemm(x, layout))
 
 
 class SparseMoE(nn.Module):
@@ -275,9 +303,13 @@ class SparseMoE(nn.Module):
         """x (N, D), top_w / top_idx (N, K) -> (N, D): every assignment through this process's experts, combined in
         fp32 and rounded to out_dtype (fp32 where other ranks' sums are added: engines.expert_parallel)."""
         layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
-        y_pad = self.experts(permute(x_flat, layout), layout)  # (Tp, D)
+        y_pad = self.experts.remade(permute(x_flat, layout), layout)  # (Tp, D)
         # weight in the router dtype, the k rows of a token summed in fp32 in rank order
-        return combine(y_pad, top_w, layout, out_dtype)
+        if y_pad.make is None:
+            return combine(y_pad.value, top_w, layout, out_dtype)
+        # the down GEMM's remake_output: the combine keeps its input's codes, not y_pad (nn/experts.py); fp32 out
+        # inside the region (the kernel a gradient takes, with or without grad mode), then rounded as combine rounds
+        return recompute(functools.partial(combine, layout=layout), y_pad, top_w).to(out_dtype)
 
 
 class DecoderLayer(nn.Module):

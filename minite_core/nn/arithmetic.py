@@ -73,11 +73,15 @@ class Reference:
 
     def fprop(self, call: GemmCall, x: torch.Tensor, input_amax, shared: InputQuant) -> torch.Tensor:
         act = call.profile.activation
-        w_q = call.weight_op("n")
         amax = input_amax if act.static else shard_amax(x, call.shard, act)
         x_op = shared.get(x, ("dq", act, id(amax)), lambda: quantize(x.detach(), act, amax=amax, dq=True))
         nonfinite.record(call.weight, x_op.global_scale, "activation")
-        return gemm_nt(x_op, w_q, x.dtype, call.profile.batch_invariant)
+        return self.fprop_dq(call, x_op)
+
+    def fprop_dq(self, call: GemmCall, x_op: dispatch.DqOperand) -> torch.Tensor:
+        """fprop's GEMM on x already quantized (its DqOperand) -> (M, N) in the input dtype (call.x_dtype); also
+        what the MoE experts' `remake_output` runs again in backward (nn/experts.py)."""
+        return gemm_nt(x_op, call.weight_op("n"), call.x_dtype, call.profile.batch_invariant)
 
     def wgrad_saved(self, call: GemmCall, x: torch.Tensor, rht: dict) -> tuple:
         """Tensors besides the quantized xᵀ that wgrad needs from the forward (none)."""

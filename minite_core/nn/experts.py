@@ -22,10 +22,28 @@ Two implementations:
   streams, so it computes what the full layer computes for them.
 Saved for backward on the NVFP4 path: the packed xᵀ codes + E4M3 scales (4.5 bits / element) and the per-expert
 S_dec — the bf16 x is not kept.
+
+`remake_output` (knob, off by default): the GEMM's bf16 output is not kept by the op that reads it either. Without
+it, SwiGLU keeps the gate|up output and the MoE combine the down output (model/qwen3_moe.py), 2 bytes an element;
+yet each is a deterministic function of the GEMM's quantized input — its packed row codes, E4M3 scales and S_dec —
+and the cached weight. With it, `grouped_linear(..., remade=True)` returns y with those codes and a recipe
+(`nn.recompute.Remade`), the reading op keeps the codes (`nn.recompute.recompute`, save_for_backward: the
+saved-activation count sees them), and backward makes y again with the forward's GEMM on x̂ decoded from them: the
+same kernel on the same bf16 operand values, so y, and every gradient after it, bitwise as without the knob
+(tests/test_remake_output.py). The fast path's forward quantizer then runs as the separate pass, which writes the
+codes (the fused prologue keeps none; the same bits); the expert loop quantizes each expert's rows once more, as
+its `linear` does. Only for NVFP4 activations under the plain W4A4 arithmetic (`_remakes`); bf16 and W4A16 are
+untouched. Per MoE layer and padded row (Tp ≈ N·k rows; D = hidden, I = expert width, fp32 S_dec a row):
+  kept without it   gate|up output 2·2I + down output 2·D bytes  (D 2048, I 768: 3,072 + 4,096 = 7,168 B)
+  kept with it      codes of x: D/2 + D/16 + 4, of h: I/2 + I/16 + 4  (1,156 + 436 = 1,592 B: 0.22x)
+The price is the two forward GEMMs again in backward (+ a decode of the codes and the reading op's forward): 2·Tp·D·3I
+FLOPs a layer, a third of the experts' 6·Tp·D·3I in a step.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 
 import torch
 from torch import nn
@@ -34,10 +52,11 @@ from minite_core.formats.nvfp4 import NVFP4Tensor
 from minite_core.kernels import dispatch
 from minite_core.kernels.dispatch import DqOperand, PackedExperts
 from minite_core.nn import nonfinite
-from minite_core.nn.arithmetic import linear_gemm
+from minite_core.nn.arithmetic import GemmCall, linear_gemm
 from minite_core.nn.linear import linear
-from minite_core.nn.operands import cache_context, torch_dtype
+from minite_core.nn.operands import cache_context, quantize, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
+from minite_core.nn.recompute import Remade
 from minite_core.nn.shard import current as current_shard
 from minite_core.profiles import PROFILES, Profile, Quant
 from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad_seed
@@ -45,31 +64,92 @@ from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
                    input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None,
-                   expert_offset: int = 0, fused_quant: bool = False) -> torch.Tensor:
+                   expert_offset: int = 0, fused_quant: bool = False, remade: bool = False) -> torch.Tensor | Remade:
     """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype.
     expert_offset: global index of weight[0] (an expert-parallel rank's slice of the experts): SR seeds and cache
     keys are the global expert's. fused_quant (NVFP4 fast path): quantize x (forward), dy (dgrad) and dyᵀ (wgrad)
-    inside the grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same
-    bits."""
+    inside the grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same bits.
+    remade: return y as a `Remade` (nn.recompute) holding, where `_remakes` says so, the packed row codes of the
+    quantized x and the recipe that makes y again from them (`GroupedLinear.remake_output`); the forward's
+    quantizer then runs as the separate pass (it writes the codes), whatever fused_quant says."""
     if profile.weight is not None and current_shard() is not None:
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
                                   "profile or one process for an MoE model")
+    remake = remade and _remakes(x, weight, profile)
+    recipe = None  # remake: (the saved tensors, the function that makes y from them)
     # an arithmetic without a grouped kernel (nn.arithmetic: TE's reference GEMM, vLLM's CPU kernel, per-channel xᵀ
     # scales) runs the reference loop
     if dispatch.fast_path(x) and (profile.weight is None or linear_gemm(profile).grouped):
         if profile.weight is None:  # no seeds, the cache holds this module's slice: expert_offset changes nothing
-            return _grouped_bf16(x, weight, layout, profile, cache)
-        if profile.activation is not None and profile.activation.static and input_amax is None:
-            raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
-                               "minite_core.nn.calibrate(model, batches) first")
-        dtype = torch_dtype(profile.dtype)
-        wgrad = torch.is_grad_enabled() and weight.requires_grad  # no-grad calls (decode, eval) quantize no xᵀ
-        return _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset, wgrad,
-                                   fused_quant)
-    bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
-    outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
-                   cache=cache, key=e + expert_offset) for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
+            y = _grouped_bf16(x, weight, layout, profile, cache)
+        else:
+            if profile.activation is not None and profile.activation.static and input_amax is None:
+                raise RuntimeError(f"profile {profile.name!r} uses static activation scales: run "
+                                   "minite_core.nn.calibrate(model, batches) first")
+            dtype = torch_dtype(profile.dtype)
+            wgrad = torch.is_grad_enabled() and weight.requires_grad  # no-grad calls (decode, eval) quantize no xᵀ
+            y = _GroupedNVFP4.apply(x.to(dtype), weight, profile, layout, input_amax, seed, cache, expert_offset,
+                                    wgrad, fused_quant, remake)
+            if remake:  # (Tp, N), then x̂'s row codes: data (Tp, K/2), scale (Tp, K/16), S_dec (Tp, 1)
+                y, *codes = y
+                recipe = (*codes, weight.detach()), functools.partial(_remake_grouped, profile, layout, cache, dtype)
+    else:
+        bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
+        outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
+                       cache=cache, key=e + expert_offset)
+                for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
+        y = torch.cat(outs)
+        if remake:
+            codes = _expert_codes(x.to(torch_dtype(profile.dtype)), profile, bounds, input_amax)
+            recipe = (*codes, weight.detach()), functools.partial(_remake_loop, profile, bounds, cache, expert_offset,
+                                                                  y.dtype)
+    if not remade:
+        return y
+    return Remade(y) if recipe is None else Remade(y, *recipe)
+
+
+# ---- remake_output: the GEMM's output made again in backward from its input's row codes ---------------------------
+def _remakes(x: torch.Tensor, weight: torch.Tensor, profile: Profile) -> bool:
+    """Whether `remade` keeps codes: NVFP4 activations under the plain W4A4 arithmetic (nn.arithmetic.Reference, the
+    grouped kernels' and the expert loop's; not W4A16, packed weights or a peer's GEMM), in a forward that autograd
+    records (else no op keeps y anyway)."""
+    gemm = linear_gemm(profile)
+    return (profile.weight is not None and profile.activation is not None and gemm.grouped and not gemm.packed
+            and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+def _remake_grouped(profile: Profile, layout: MoELayout, cache, dtype, data, scale, s_dec, weight) -> torch.Tensor:
+    """The fast forward's y again: its grouped GEMM kernel, tile schedule and cached weight operand on x̂ decoded from
+    the saved codes — e2m1(q)·sf in bf16, exact, the values the quantizer handed the forward's GEMM."""
+    x_op = DqOperand(dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_dec)), s_dec)
+    w_op = _expert_weight(weight, profile.weight, cache, "n")
+    return dispatch.grouped_gemm(x_op, w_op, layout.offs, dtype, schedule=layout.cache["schedule_fwd"],
+                                 invariant=profile.batch_invariant)
+
+
+def _expert_codes(x: torch.Tensor, profile: Profile, bounds: list[int], input_amax) -> tuple:
+    """The reference loop's row codes of x (Tp, K): each expert's rows quantized as its `linear` quantizes them
+    (nn.arithmetic.Reference.fprop: this call on these rows, so the same codes), its S_dec broadcast to its rows ->
+    (data (Tp, K/2), scale (Tp, K/16), S_dec (Tp, 1))."""
+    act = profile.activation
+    with torch.no_grad():
+        parts = [quantize(x[s:t], act, amax=input_amax if act.static else None)
+                 for s, t in itertools.pairwise(bounds) if t > s]
+    s_dec = [p.global_scale.reshape(-1, 1).expand(p.data.shape[0], 1) for p in parts]
+    return torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts]), torch.cat(s_dec)
+
+
+def _remake_loop(profile: Profile, bounds: list[int], cache, expert_offset: int, dtype, data, scale, s_dec,
+                 weight) -> torch.Tensor:
+    """The reference loop's y again: per expert the same arithmetic (`fprop_dq`) on x̂ decoded from the saved codes
+    and the same cached weight operand. A per-tensor S_dec comes back per row: x̂ · S_dec is the same fp32 product."""
+    gemm, outs = linear_gemm(profile), []
+    for e, (s, t) in enumerate(itertools.pairwise(bounds)):
+        if t > s:
+            x_op = DqOperand(dispatch.dequantize_bf16(NVFP4Tensor(data[s:t], scale[s:t], s_dec[s:t])), s_dec[s:t])
+            call = GemmCall(weight[e], profile, cache, e + expert_offset, None, None, 0, dtype)
+            outs.append(gemm.fprop_dq(call, x_op))
     return torch.cat(outs)
 
 
@@ -254,18 +334,20 @@ def _quantize_rows(x, spec: Quant, layout: MoELayout, *, input_amax=None, seeds=
 def _rows_gemm(x, spec: Quant, w_op: DqOperand, layout: MoELayout, schedule, out_dtype, *, fused: bool,
                input_amax=None, seeds=None, invariant: bool = False):
     """Per expert x̂ ŵ[e]ᵀ with x (Tp, C) quantized along C as `_quantize_rows` quantizes it -> (y (Tp, N), S_dec of
-    x̂). fused: the quantizer runs in the grouped GEMM's prologue (`dispatch.grouped_gemm_quant`: no bf16 x̂ in
-    memory; the same bits); else the separate quantize pass, then `dispatch.grouped_gemm`."""
+    x̂, x̂'s NVFP4Tensor or None). fused: the quantizer runs in the grouped GEMM's prologue
+    (`dispatch.grouped_gemm_quant`: no bf16 x̂ and no codes in memory; the same bits); else the separate quantize
+    pass, then `dispatch.grouped_gemm`."""
     if not (fused and dispatch.fused_quant_spec(spec)):
-        _, x_op = _quantize_rows(x, spec, layout, input_amax=input_amax, seeds=seeds)
+        x_q, x_op = _quantize_rows(x, spec, layout, input_amax=input_amax, seeds=seeds)
         y = dispatch.grouped_gemm(x_op, w_op, layout.offs, out_dtype, schedule=schedule, invariant=invariant)
-        return y, x_op.global_scale
+        return y, x_op.global_scale, x_q
     seg_seed = _row_seeds(seeds, layout)
     mode, amax = _row_scales(x, spec, layout, input_amax, fused=True)
     amax = torch.as_tensor(amax, dtype=torch.float32, device=x.device)
     amax = amax.reshape(()) if mode == "tensor" else amax  # a static scale: one for the tensor, as the quantizer's
-    return dispatch.grouped_gemm_quant(x, spec, amax, w_op, layout.offs, out_dtype, seg_seed=seg_seed,
-                                       schedule=schedule, invariant=invariant)
+    y, s_dec = dispatch.grouped_gemm_quant(x, spec, amax, w_op, layout.offs, out_dtype, seg_seed=seg_seed,
+                                           schedule=schedule, invariant=invariant)
+    return y, s_dec, None
 
 
 def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, cache) -> torch.Tensor:
@@ -329,10 +411,11 @@ def _wgrad(dy, profile: Profile, layout: MoELayout, x_t_parts, seeds, *, fused: 
 class _GroupedNVFP4(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, profile: Profile, layout: MoELayout, input_amax, seed: int, cache, expert_offset,
-                wgrad: bool, fused_quant: bool):
+                wgrad: bool, fused_quant: bool, remake: bool):
         # x (Tp, K) compute dtype; weight (E, N, K) master dtype; wgrad as nn.linear._NVFP4Linear's; fused_quant:
         # the forward's and dgrad's row quantizers run inside their grouped GEMMs (`_rows_gemm`), wgrad's
-        # along-token one inside the K-grouped GEMM (`_wgrad`)
+        # along-token one inside the K-grouped GEMM (`_wgrad`); remake: also return x̂'s row codes (data, scale,
+        # S_dec; not differentiable), the forward's quantizer the separate pass
         if linear_gemm(profile).packed:  # the packed-weight grouped GEMM (nn.arithmetic.Packed)
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
@@ -349,8 +432,9 @@ class _GroupedNVFP4(torch.autograd.Function):
                 y = dispatch.grouped_gemm(x_op, w_op, layout.offs, x.dtype, schedule=schedule,
                                           invariant=profile.batch_invariant)
             else:
-                y, s_x = _rows_gemm(x, profile.activation, w_op, layout, schedule, x.dtype, fused=fused_quant,
-                                    input_amax=input_amax, invariant=profile.batch_invariant)
+                y, s_x, x_q = _rows_gemm(x, profile.activation, w_op, layout, schedule, x.dtype,
+                                         fused=fused_quant and not remake, input_amax=input_amax,
+                                         invariant=profile.batch_invariant)
                 nonfinite.record(weight, s_x, "activation")
         ctx.profile, ctx.layout, ctx.seed, ctx.cache, ctx.x_dtype = profile, layout, seed, cache, x.dtype
         ctx.expert_offset, ctx.fused_quant = expert_offset, fused_quant
@@ -361,10 +445,14 @@ class _GroupedNVFP4(torch.autograd.Function):
                                           rht=profile.wgrad_rht, rht_dtype=profile.wgrad_rht_dtype)
             saved = (x_t.data, x_t.scale, s_xt)
         ctx.save_for_backward(weight, *saved)
+        if remake:  # grouped_linear's `_remakes`: NVFP4 activations, so the `_rows_gemm` branch ran
+            codes = (x_q.data, x_q.scale, x_q.global_scale)
+            ctx.mark_non_differentiable(*codes)
+            return y, *codes
         return y
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, *_codes):
         weight, *x_t_parts = ctx.saved_tensors
         profile, layout = ctx.profile, ctx.layout
         if not profile.can_learn:
@@ -378,14 +466,14 @@ class _GroupedNVFP4(torch.autograd.Function):
             schedule = layout.cache.get("schedule")
             if schedule is None:
                 schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
-            dx, s_dy = _rows_gemm(dy, profile.grad, w_t, layout, schedule, ctx.x_dtype, fused=ctx.fused_quant,
-                                  seeds=dgrad_seed(seeds))
+            dx, s_dy, _ = _rows_gemm(dy, profile.grad, w_t, layout, schedule, ctx.x_dtype, fused=ctx.fused_quant,
+                                     seeds=dgrad_seed(seeds))
             nonfinite.record(weight, s_dy, "gradient (dgrad operand)")
         if ctx.needs_input_grad[1]:
             dw, s_dyt = _wgrad(dy, profile, layout, x_t_parts, wgrad_seed(seeds), fused=ctx.fused_quant)
             nonfinite.record(weight, s_dyt, "gradient (wgrad operand)")
             dw = dw.to(weight.dtype)
-        return dx, dw, None, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None, None
 
 
 class GroupedLinear(nn.Module):
@@ -402,11 +490,19 @@ class GroupedLinear(nn.Module):
         # NVFP4 fast path: x, dy, dyᵀ quantized inside the grouped GEMMs (True) or by separate passes (False):
         # the same bits; the default turns on where bench/kernels.py's `-fused` rows measure it faster on the GPU
         self.fused_quant = False
+        # NVFP4 learners: the ops reading this GEMM's output keep its input's packed row codes, not the output, and
+        # backward makes it again (module docstring); off by default, on in the learner bench's `+lowmem` rows
+        self.remake_output = False
         self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.operands.weight_operand
 
-    def forward(self, x: torch.Tensor, layout: MoELayout) -> torch.Tensor:
-        return grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,
-                              cache=self.weight_cache, expert_offset=self.expert_offset, fused_quant=self.fused_quant)
+    def forward(self, x: torch.Tensor, layout: MoELayout, remade: bool = False) -> torch.Tensor | Remade:
+        """remade: y as a `Remade` (nn.recompute) — with `remake_output` on, holding the row codes of the quantized x
+        and the recipe that makes y again (`grouped_linear`), which the op reading y keeps instead of y
+        (model/qwen3_moe.py, which asks only with the knob on and in grad mode); off, y alone."""
+        y = grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,
+                           cache=self.weight_cache, expert_offset=self.expert_offset, fused_quant=self.fused_quant,
+                           remade=remade and self.remake_output)
+        return Remade(y) if remade and not self.remake_output else y
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, in={self.in_features}, out={self.out_features}, profile={self.profile.name}"
