@@ -3,7 +3,8 @@ instead of their bf16 outputs, and backward makes the outputs again — the same
 input gradient and every parameter gradient of an MoE layer, and the loss and every gradient of a learner step
 (atol=0, rtol=0, torch.equal), for every learner profile whose experts quantize activations, on the reference
 backend (the per-expert loop) and on the fast path (Triton: the interpreter on CPU, compiled with `-m gpu`) with the
-fused quantizer on and off. The counted saved bytes fall by exactly the outputs less the codes; bf16 ignores it.
+fused quantizer on and off. The counted saved bytes fall by exactly the outputs less the codes — the gate|up
+input's codes per token under minite's per-token scales, per padded row under TE's per-tensor ones; bf16 ignores it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from minite_core.kernels import dispatch
 from minite_core.model import PRESETS, set_profile
 from minite_core.model.qwen3_moe import SparseMoE
 from minite_core.nn import GroupedLinear, QuantLinear
-from minite_core.nn.moe_layout import moe_layout
+from minite_core.nn.experts import _row_local
+from minite_core.nn.moe_layout import moe_layout, permute
 from minite_core.nn.walk import set_sr_seeds
 from minite_core.profiles import PROFILES, get_profile
 
@@ -142,11 +144,14 @@ def test_learner_step_bitwise_reference(tiny, profile):
     _check_step(*tiny, profile)
 
 
-def test_saved_bytes_fall_by_the_outputs_less_the_codes(one_thread):
+@pytest.mark.parametrize("profile", ["minite", "te-nvfp4"])
+def test_saved_bytes_fall_by_the_outputs_less_the_codes(profile, one_thread):
     """One MoE layer on the reference backend, counted by bench.saved_activations: the knob drops the gate|up output
     SwiGLU kept (bf16 Tp x 2I) and the (N, k, D) rows the reference combine kept (bf16), and adds the two inputs' row
-    codes (uint8 Tp x K/2, E4M3 Tp x K/16, fp32 S_dec a row) — exactly that, nothing hidden from the count."""
-    moe = _moe("minite", "cpu")
+    codes (uint8 rows x K/2, E4M3 rows x K/16, fp32 S_dec a row) — exactly that, nothing hidden from the count.
+    The gate|up input is the permutation of the N token rows: under minite's per-token scales its codes are kept
+    for the N tokens (gathered to the Tp rows in backward); under TE's per-expert tensor scales for all Tp rows."""
+    moe = _moe(profile, "cpu")
     x = torch.randn(1, 24, 32, generator=torch.Generator().manual_seed(2)).bfloat16()
     with dispatch.using_backend("reference"):
         counts = {}
@@ -155,13 +160,33 @@ def test_saved_bytes_fall_by_the_outputs_less_the_codes(one_thread):
             counts[on] = saved_activation_bytes(moe, x)
         layout = moe_layout(moe.route(x[0])[1], moe.num_experts)
     tp, (n, k), d, i = layout.num_rows, layout.dest.shape, 32, 16
+    x_rows = n if profile == "minite" else tp  # rows of gate|up input codes kept
     off, on = ({k: c["by_dtype"].get(k, 0) for k in ("uint8", "float8_e4m3fn", "bfloat16", "float32")}
                for c in (counts[False], counts[True]))
-    assert on["uint8"] - off["uint8"] == tp * (d + i) // 2
-    assert on["float8_e4m3fn"] - off["float8_e4m3fn"] == tp * (d + i) // 16
+    assert on["uint8"] - off["uint8"] == (x_rows * d + tp * i) // 2
+    assert on["float8_e4m3fn"] - off["float8_e4m3fn"] == (x_rows * d + tp * i) // 16
     assert off["bfloat16"] - on["bfloat16"] == tp * 2 * i * 2 + n * k * d * 2
-    assert on["float32"] - off["float32"] == 2 * tp * 4  # S_dec a row, of x_pad and of h
+    assert on["float32"] - off["float32"] == (x_rows + tp) * 4  # S_dec a row, of x (per token or per row) and of h
     assert counts[True]["total"] < counts[False]["total"]
+
+
+def test_token_codes_are_the_padded_rows_codes(one_thread):
+    """The per-token recipe's premise, checked on the quantizer itself: under minite's per-token scales the codes
+    of permute(x) are the token rows' codes gathered through the layout, a pad (zero) row getting the quantizer's
+    codes of a zero row (codes 0, scale 0, S_dec 1); under TE's per-tensor scales they are not row-local."""
+    layout = moe_layout(torch.tensor([[0, 1], [1, 2], [2, 0]]), 4)
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(5)).bfloat16() * 3
+    x_pad = permute(x, layout)
+    spec = get_profile("minite").activation
+    assert _row_local(spec) and not _row_local(get_profile("te-nvfp4").activation)
+    with dispatch.using_backend("reference"):
+        q_pad, q_tok = dispatch.quantize(x_pad, spec), dispatch.quantize(x, spec)
+        zero = dispatch.quantize(torch.zeros(1, 32, dtype=torch.bfloat16), spec)
+    assert not zero.data.any() and not zero.scale.view(torch.uint8).any() and zero.global_scale.item() == 1.0
+    for pad, tok, z in ((q_pad.data, q_tok.data, zero.data), (q_pad.scale.view(torch.uint8),
+                        q_tok.scale.view(torch.uint8), zero.scale.view(torch.uint8)),
+                        (q_pad.global_scale, q_tok.global_scale, zero.global_scale)):
+        assert torch.equal(torch.cat([tok, z]).index_select(0, layout.src), pad)
 
 
 def test_tiny_model_saves_less_and_bf16_ignores_it(tiny):

@@ -222,7 +222,8 @@ class Experts(nn.Module):
     """E SwiGLU experts as two grouped GEMMs over the padded sorted layout (`nn.moe_layout`); under
     `recompute_elementwise` silu(gate) * up is recomputed in backward (only the gate|up GEMM output is saved).
     Where the GEMMs' `remake_output` knob is on (nn/experts.py), SwiGLU keeps the gate|up GEMM's input codes instead
-    of its output, and `remade` hands the down GEMM's recipe to the combine (`SparseMoE.local_experts`)."""
+    of its output (per token where the activation scales are, given `token_rows`), and `remade` hands the down GEMM's
+    recipe to the combine (`SparseMoE.local_experts`)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -233,9 +234,11 @@ class Experts(nn.Module):
         # x_pad: (Tp, D) rows sorted by expert, 16-aligned segments -> (Tp, D)
         return self.remade(x_pad, layout).value
 
-    def remade(self, x_pad: torch.Tensor, layout: MoELayout) -> Remade:
-        """The forward's (Tp, D) output as a `Remade`: with the down GEMM's recipe where it keeps one."""
-        gate_up = _remade(self.gate_up, x_pad, layout)  # (Tp, 2I)
+    def remade(self, x_pad: torch.Tensor, layout: MoELayout, token_rows: bool = False) -> Remade:
+        """The forward's (Tp, D) output as a `Remade`: with the down GEMM's recipe where it keeps one. token_rows:
+        x_pad is `permute(x_flat, layout)`, so the gate|up recipe may keep the N token rows' codes, not the Tp rows'
+        (nn/experts.py `grouped_linear`)."""
+        gate_up = _remade(self.gate_up, x_pad, layout, token_rows=token_rows)  # (Tp, 2I)
         if gate_up.make is None:
             h = dispatch.swiglu(gate_up.value, reference=self.swiglu_reference)  # (Tp, I)
         else:  # one region: gate_up made again from its codes, then SwiGLU's forward and backward
@@ -252,12 +255,12 @@ def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return dispatch.swiglu(gate_up, reference=swiglu)
 
 
-def _remade(gemm: nn.Module, x: torch.Tensor, layout: MoELayout) -> Remade:
+def _remade(gemm: nn.Module, x: torch.Tensor, layout: MoELayout, token_rows: bool = False) -> Remade:
     """gemm(x, layout) as a `Remade`: a GroupedLinear with `remake_output` on hands its recipe in grad mode (its
     forward hooks then see the Remade); otherwise — the knob off, no gradient (hooks of the trace, calibration,
     export), a peer's module swapped in (peers.te_learner) — the plain call."""
     if isinstance(gemm, GroupedLinear) and gemm.remake_output and torch.is_grad_enabled():
-        return gemm(x, layout, remade=True)
+        return gemm(x, layout, remade=True, token_rows=token_rows)
     return Remade(gemm(x, layout))
 
 
@@ -303,7 +306,7 @@ class SparseMoE(nn.Module):
         """x (N, D), top_w / top_idx (N, K) -> (N, D): every assignment through this process's experts, combined in
         fp32 and rounded to out_dtype (fp32 where other ranks' sums are added: engines.expert_parallel)."""
         layout = moe_layout(top_idx, self.num_experts)  # device-only: no host sync
-        y_pad = self.experts.remade(permute(x_flat, layout), layout)  # (Tp, D)
+        y_pad = self.experts.remade(permute(x_flat, layout), layout, token_rows=True)  # (Tp, D)
         # weight in the router dtype, the k rows of a token summed in fp32 in rank order
         if y_pad.make is None:
             return combine(y_pad.value, top_w, layout, out_dtype)

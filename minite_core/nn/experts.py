@@ -33,11 +33,21 @@ same kernel on the same bf16 operand values, so y, and every gradient after it, 
 (tests/test_remake_output.py). The fast path's forward quantizer then runs as the separate pass, which writes the
 codes (the fused prologue keeps none; the same bits); the expert loop quantizes each expert's rows once more, as
 its `linear` does. Only for NVFP4 activations under the plain W4A4 arithmetic (`_remakes`); bf16 and W4A16 are
-untouched. Per MoE layer and padded row (Tp ≈ N·k rows; D = hidden, I = expert width, fp32 S_dec a row):
-  kept without it   gate|up output 2·2I + down output 2·D bytes  (D 2048, I 768: 3,072 + 4,096 = 7,168 B)
-  kept with it      codes of x: D/2 + D/16 + 4, of h: I/2 + I/16 + 4  (1,156 + 436 = 1,592 B: 0.22x)
+untouched.
+
+Token rows: the gate|up GEMM's input is `moe_layout.permute(x_flat)` — each of the N tokens copied to its k rows,
+pad rows zero. Where a row's codes depend on that row alone (`_row_local`: per-token dynamic scales, 1×16 blocks,
+RNE — minite's activations), the codes of x's rows are the N token rows' codes gathered through the layout, so the
+recipe keeps those (each token's first row of the forward's codes; the reference loop quantizes those rows once)
+and backward gathers them to x's rows before the GEMM (`_from_token_codes`; a pad row gets the quantizer's codes of
+a zero row: codes 0, scale 0, S_dec 1). 1/k of the bytes (k = 8 at Qwen3-30B-A3B). TE's per-tensor scales (one per
+expert on the grouped GEMM), static scales and 16×16 tiles are not row-local: their Tp rows' codes are kept.
+Per MoE layer and padded row (Tp ≈ N·k rows; D = hidden, I = expert width, k = 8, fp32 S_dec a row):
+  kept without it        gate|up output 2·2I + down output 2·D bytes  (D 2048, I 768: 3,072 + 4,096 = 7,168 B)
+  kept with it, per-row  codes of x: D/2 + D/16 + 4, of h: I/2 + I/16 + 4  (1,156 + 436 = 1,592 B: 0.22x)
+  ... per-token scales   codes of x per token: (D/2 + D/16 + 4)/k, of h as above  (144.5 + 436 ≈ 581 B: 0.081x)
 The price is the two forward GEMMs again in backward (+ a decode of the codes and the reading op's forward): 2·Tp·D·3I
-FLOPs a layer, a third of the experts' 6·Tp·D·3I in a step.
+FLOPs a layer, a third of the experts' 6·Tp·D·3I in a step; with token rows also a gather of the codes.
 """
 from __future__ import annotations
 
@@ -64,19 +74,23 @@ from minite_core.seeds import EXPERT_SEED_STRIDE, dgrad_seed, expert_seed, wgrad
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, profile: Profile, *,
                    input_amax: torch.Tensor | None = None, seed: int = 0, cache: dict | None = None,
-                   expert_offset: int = 0, fused_quant: bool = False, remade: bool = False) -> torch.Tensor | Remade:
+                   expert_offset: int = 0, fused_quant: bool = False, remade: bool = False,
+                   token_rows: bool = False) -> torch.Tensor | Remade:
     """x: (Tp, K) in the padded sorted layout; weight: (E, N, K) -> (Tp, N) in the compute dtype.
     expert_offset: global index of weight[0] (an expert-parallel rank's slice of the experts): SR seeds and cache
     keys are the global expert's. fused_quant (NVFP4 fast path): quantize x (forward), dy (dgrad) and dyᵀ (wgrad)
     inside the grouped GEMMs (kernels/quant_prologue.py) instead of a separate quantize pass first — the same bits.
     remade: return y as a `Remade` (nn.recompute) holding, where `_remakes` says so, the packed row codes of the
     quantized x and the recipe that makes y again from them (`GroupedLinear.remake_output`); the forward's
-    quantizer then runs as the separate pass (it writes the codes), whatever fused_quant says."""
+    quantizer then runs as the separate pass (it writes the codes), whatever fused_quant says. token_rows: x is
+    `moe_layout.permute(x_tokens, layout)` (each token's row copied to its k rows, pad rows zero); with a row-local
+    activation spec (`_row_local`) the recipe keeps the codes of the N token rows only (`_from_token_codes`)."""
     if profile.weight is not None and current_shard() is not None:
         raise NotImplementedError("NVFP4 expert GEMMs on a data-parallel token shard: per-expert amaxes and "
                                   "16-token wgrad blocks span ranks (needs expert parallelism); use the bf16 "
                                   "profile or one process for an MoE model")
     remake = remade and _remakes(x, weight, profile)
+    per_token = remake and token_rows and _row_local(profile.activation)
     recipe = None  # remake: (the saved tensors, the function that makes y from them)
     # an arithmetic without a grouped kernel (nn.arithmetic: TE's reference GEMM, vLLM's CPU kernel, per-channel xᵀ
     # scales) runs the reference loop
@@ -93,7 +107,11 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
                                     wgrad, fused_quant, remake)
             if remake:  # (Tp, N), then x̂'s row codes: data (Tp, K/2), scale (Tp, K/16), S_dec (Tp, 1)
                 y, *codes = y
-                recipe = (*codes, weight.detach()), functools.partial(_remake_grouped, profile, layout, cache, dtype)
+                make = functools.partial(_remake_grouped, profile, layout, cache, dtype)
+                if per_token:  # x̂'s rows of each token's first copy: the forward's codes, (N, ...)
+                    codes = [c.index_select(0, layout.dest[:, 0]) for c in codes]
+                    make = functools.partial(_from_token_codes, make, profile.activation, layout, dtype)
+                recipe = (*codes, weight.detach()), make
     else:
         bounds = layout.bounds()  # reference: host loop over experts (one sync); empty experts are skipped
         outs = [linear(x[s:t], weight[e], profile, input_amax=input_amax, seed=expert_seed(seed, e + expert_offset),
@@ -101,9 +119,16 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, layout: MoELayout, pro
                 for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:])) if t > s]
         y = torch.cat(outs)
         if remake:
-            codes = _expert_codes(x.to(torch_dtype(profile.dtype)), profile, bounds, input_amax)
-            recipe = (*codes, weight.detach()), functools.partial(_remake_loop, profile, bounds, cache, expert_offset,
-                                                                  y.dtype)
+            dtype = torch_dtype(profile.dtype)
+            make = functools.partial(_remake_loop, profile, bounds, cache, expert_offset, y.dtype)
+            if per_token:  # each token's first row quantized once: the codes its expert's `linear` gave every copy
+                with torch.no_grad():
+                    q = quantize(x.to(dtype).index_select(0, layout.dest[:, 0]), profile.activation)
+                codes = q.data, q.scale, q.global_scale
+                make = functools.partial(_from_token_codes, make, profile.activation, layout, dtype)
+            else:
+                codes = _expert_codes(x.to(dtype), profile, bounds, input_amax)
+            recipe = (*codes, weight.detach()), make
     if not remade:
         return y
     return Remade(y) if recipe is None else Remade(y, *recipe)
@@ -117,6 +142,26 @@ def _remakes(x: torch.Tensor, weight: torch.Tensor, profile: Profile) -> bool:
     gemm = linear_gemm(profile)
     return (profile.weight is not None and profile.activation is not None and gemm.grouped and not gemm.packed
             and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+def _row_local(spec: Quant) -> bool:
+    """Whether a row's codes, E4M3 scales and S_dec under `spec` depend on that row alone: per-token dynamic scales
+    (each row's S_dec from its own amax), 1×16 blocks, RNE (no SR stream indexed by row). minite's activations;
+    not TE's per-tensor scales (per expert on the grouped GEMM), a static scale or 16×16 tiles."""
+    return (spec.scale_mode == "row" and not spec.static and tuple(spec.block) == (1, 16)
+            and spec.rounding == "rne")
+
+
+def _from_token_codes(make, spec: Quant, layout: MoELayout, dtype, data, scale, s_dec, weight) -> torch.Tensor:
+    """`make` on x̂'s row codes gathered from the N token rows' (`token_rows`): data (N, K/2), scale (N, K/16),
+    S_dec (N, 1) with a zero row's codes appended (the quantizer's own: it gives a pad row of x the same) -> each
+    row of x through `layout.src` (N for a pad row), as `moe_layout.permute` gathers x itself. Under a row-local
+    spec (`_row_local`) a row's codes are a function of the row alone, so these are the codes the forward made."""
+    with torch.no_grad():
+        zero = quantize(data.new_zeros(1, 2 * data.shape[1], dtype=dtype), spec)  # codes 0, scale 0, S_dec 1
+    rows = [torch.cat([t, z]).index_select(0, layout.src)
+            for t, z in zip((data, scale, s_dec), (zero.data, zero.scale, zero.global_scale))]
+    return make(*rows, weight)
 
 
 def _remake_grouped(profile: Profile, layout: MoELayout, cache, dtype, data, scale, s_dec, weight) -> torch.Tensor:
@@ -495,13 +540,15 @@ class GroupedLinear(nn.Module):
         self.remake_output = False
         self.weight_cache: dict = {}  # quantized / bf16 expert weights, see nn.operands.weight_operand
 
-    def forward(self, x: torch.Tensor, layout: MoELayout, remade: bool = False) -> torch.Tensor | Remade:
+    def forward(self, x: torch.Tensor, layout: MoELayout, remade: bool = False,
+                token_rows: bool = False) -> torch.Tensor | Remade:
         """remade: y as a `Remade` (nn.recompute) — with `remake_output` on, holding the row codes of the quantized x
         and the recipe that makes y again (`grouped_linear`), which the op reading y keeps instead of y
-        (model/qwen3_moe.py, which asks only with the knob on and in grad mode); off, y alone."""
+        (model/qwen3_moe.py, which asks only with the knob on and in grad mode); off, y alone. token_rows: x is
+        the permutation of the token rows (`grouped_linear`): the recipe may keep the tokens' codes only."""
         y = grouped_linear(x, self.weight, layout, self.profile, input_amax=self.input_amax, seed=self.seed,
                            cache=self.weight_cache, expert_offset=self.expert_offset, fused_quant=self.fused_quant,
-                           remade=remade and self.remake_output)
+                           remade=remade and self.remake_output, token_rows=token_rows)
         return Remade(y) if remade and not self.remake_output else y
 
     def extra_repr(self) -> str:
