@@ -183,9 +183,9 @@ def test_gpu_fast_step_matches_reference(profile, backend):
 @triton_ok
 @pytest.mark.parametrize("math", ["exact", "fast"])
 def test_expert_weight_t_in_place_equals_the_transposed_copy(math, backend):
-    """Wᵀ quantized along N by the along-token quantizer on W in place (nn.experts._expert_weight_t, the strided
+    """Wᵀ quantized along N by the along-token quantizer on W in place (nn.expert_weights.weight_t_inplace, the strided
     (E, K, N) view) is the transposing path's operand bit for bit: values, per-expert S_dec, and the shared amax."""
-    from minite_core.nn import experts
+    from minite_core.nn import expert_weights as ew
 
     backend("triton")
     g = torch.Generator().manual_seed(4)
@@ -195,9 +195,9 @@ def test_expert_weight_t_in_place_equals_the_transposed_copy(math, backend):
     w = w.to("cuda" if CUDA else "cpu")
     spec = get_profile("minite").weight
     spec = spec.__class__(**{**spec.__dict__, "math": math})
-    assert torch.equal(experts._expert_amax(w, None), w.abs().amax(dim=(1, 2)))
-    sut = experts._expert_weight(w, spec, None, "t")
-    ref = experts.expert_weight_t_reference(w, spec)
+    assert torch.equal(ew.expert_amax(w, None), w.abs().amax(dim=(1, 2)))
+    sut = ew.expert_weight(w, spec, None, "t")
+    ref = ew.expert_weight_t_reference(w, spec)
     assert sut.values_bf16.shape == ref.values_bf16.shape == (E, K, N)
     assert torch.equal(sut.values_bf16.contiguous().cpu(), ref.values_bf16.cpu())
     assert torch.equal(sut.global_scale.cpu(), ref.global_scale.cpu())

@@ -85,7 +85,7 @@ def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=False):
         "quantize-cols-rht-bf16-static-sr+dq": dict(amax=4.0, rht=True, rht_dtype="bfloat16", rounding="sr", seed=1,
                                                     emit_dq=True),
     }
-    x32 = x.float()  # the expert weights' Wᵀ (nn.experts._expert_weight_t): fp32 masters, RNE + the bf16 copy
+    x32 = x.float()  # the expert weights' Wᵀ (nn.expert_weights.weight_t_inplace): fp32 masters, RNE + the bf16 copy
     variants["quantize-cols-fp32-static+dq"] = dict(amax=4.0, emit_dq=True)
     for name, kw in variants.items():
         src = x32 if "fp32" in name else x

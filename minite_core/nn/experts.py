@@ -60,9 +60,10 @@ from torch import nn
 
 from minite_core.formats.nvfp4 import NVFP4Tensor
 from minite_core.kernels import dispatch
-from minite_core.kernels.dispatch import DqOperand, PackedExperts
+from minite_core.kernels.dispatch import DqOperand
 from minite_core.nn import nonfinite
 from minite_core.nn.arithmetic import GemmCall, linear_gemm
+from minite_core.nn.expert_weights import expert_weight
 from minite_core.nn.linear import linear
 from minite_core.nn.operands import cache_context, quantize, torch_dtype
 from minite_core.nn.moe_layout import MoELayout
@@ -168,7 +169,7 @@ def _remake_grouped(profile: Profile, layout: MoELayout, cache, dtype, data, sca
     """The fast forward's y again: its grouped GEMM kernel, tile schedule and cached weight operand on x̂ decoded from
     the saved codes — e2m1(q)·sf in bf16, exact, the values the quantizer handed the forward's GEMM."""
     x_op = DqOperand(dispatch.dequantize_bf16(NVFP4Tensor(data, scale, s_dec)), s_dec)
-    w_op = _expert_weight(weight, profile.weight, cache, "n")
+    w_op = expert_weight(weight, profile.weight, cache, "n")
     return dispatch.grouped_gemm(x_op, w_op, layout.offs, dtype, schedule=layout.cache["schedule_fwd"],
                                  invariant=profile.batch_invariant)
 
@@ -267,84 +268,6 @@ def _grouped_bf16(x, weight, layout, profile, cache):
 
 
 # ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------
-def _expert_amax(weight: torch.Tensor, cache: dict | None) -> torch.Tensor:
-    """(E,) fp32 max |W_e| of each expert, once per weight version (both orientations quantize with it):
-    `vector_norm(ord=inf)` reads W once and makes no |W| temporary — the H200 spent 13.7 ms of a 6-layer minite step
-    (16,384 tokens) on `weight.abs()` temporaries of the re-quantized expert weights (bench learner --op-profile)."""
-    version = (weight._version, weight.data_ptr())
-    hit = cache.get("experts-amax") if cache is not None else None
-    if hit is not None and hit[0] == version:
-        return hit[1]
-    with cache_context():
-        amax = torch.linalg.vector_norm(weight.detach().float(), ord=float("inf"), dim=(1, 2))  # exact: a max
-    if cache is not None:
-        cache["experts-amax"] = (version, amax)
-    return amax
-
-
-def _expert_weight(weight: torch.Tensor, spec: Quant, cache: dict | None, orient: str,
-                   packed: bool = False) -> DqOperand | PackedExperts:
-    """Per-expert NVFP4 weight operand, (E, N, K) along K ("n") or (E, K, N) along N ("t"), each expert with
-    its own per-tensor scale (as the reference's per-expert `linear` quantizes it); cached per weight version.
-    packed: the codes + scales (PackedExperts, for the packed-weight grouped GEMM) instead of the bf16 copy.
-    "t" with 1×16 blocks reads W in place with the along-token quantizer (`_expert_weight_t`); 16×16 tiles (and
-    `expert_weight_t_reference`) transpose first."""
-    version = (weight._version, weight.data_ptr())
-    key = ("experts", orient, spec, packed)
-    hit = cache.get(key) if cache is not None else None
-    if hit is not None and hit[0] == version:
-        return hit[1]
-    if orient == "t" and not packed and tuple(spec.block) == (1, 16):
-        op = _expert_weight_t(weight, spec, _expert_amax(weight, cache))
-    else:
-        op = _quantize_expert_rows(weight, spec, _expert_amax(weight, cache), orient, packed)
-    if cache is not None:
-        cache[key] = (version, op)
-    return op
-
-
-def _quantize_expert_rows(weight: torch.Tensor, spec: Quant, amax: torch.Tensor, orient: str, packed: bool):
-    """The row quantizer on W (E, N, K) — or on its transposed copy (E, K, N) for orient "t" — every row with its
-    expert's amax."""
-    E, N, K = weight.shape
-    R, C = (N, K) if orient == "n" else (K, N)
-    if tuple(spec.block) == (16, 16) and R % 16:
-        raise ValueError(f"16x16 weight tiles need expert rows divisible by 16, got weight {tuple(weight.shape)}")
-    with cache_context():
-        w = weight.detach().float()
-        w = w.transpose(1, 2).contiguous() if orient == "t" else w.contiguous()  # (E, R, C)
-        quantize = dispatch.quantize if packed else dispatch.quantize_dq
-        out = quantize(w.view(E * R, C), spec, scale_mode="row", amax=amax.repeat_interleave(R), check=False)
-        t = out if packed else out[0]
-        s_dec = t.global_scale.view(E, R)[:, 0].contiguous()
-        return (PackedExperts(t.data.view(E, R, C // 2), t.scale.view(E, R, C // 16), s_dec) if packed
-                else DqOperand(out[1].values_bf16.view(E, R, C), s_dec))
-
-
-def _expert_weight_t(weight: torch.Tensor, spec: Quant, amax: torch.Tensor) -> DqOperand:
-    """Wᵀ per expert, quantized along N, straight from W (E, N, K) in place: W viewed as [E·N, K] is the
-    along-token quantizer's x (its "tokens" = the E·N rows, 16-blocks never straddle experts since N % 16 == 0),
-    each 16-block scaled by its expert's amax. The codes of [K, E·N] are the transposed copy's, bit for bit
-    (tests/test_fast_learner.py); the GEMM reads them as the strided (E, K, N) view [e, k, n] = [k, e·N + n] —
-    no transposed fp32 copy (3.2 GB of traffic per gate|up weight and step at Qwen3-30B-A3B shapes)."""
-    E, N, K = weight.shape
-    if N % 16:
-        raise ValueError(f"expert weights quantized along N need N % 16 == 0, got weight {tuple(weight.shape)}")
-    with cache_context():
-        w = weight.detach().float().reshape(E * N, K)
-        block_amax = amax.repeat_interleave(N // 16)  # (E·N/16,) the expert of each 16-row block
-        _, dq = dispatch.quantize_cols(w, dataclasses.replace(spec, rounding="rne"), col_amax=block_amax,
-                                       emit_dq=True)  # [K, E·N]
-        s_dec = dispatch.decode_scale(amax)
-        return DqOperand(dq.view(K, E, N).permute(1, 0, 2), s_dec)
-
-
-def expert_weight_t_reference(weight: torch.Tensor, spec: Quant) -> DqOperand:
-    """The transposing path of orient "t" for any spec (what `_expert_weight_t` equals for 1×16 blocks)."""
-    with torch.no_grad():
-        return _quantize_expert_rows(weight, spec, _expert_amax(weight, None), "t", False)
-
-
 def _segment_amax(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
     """max of `values` per segment id (zeros for empty segments): (num_segments,) fp32."""
     out = torch.zeros(num_segments, dtype=torch.float32, device=values.device)
@@ -399,7 +322,7 @@ def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, 
     """decode_gemm="packed" (profiles.py): one grouped launch on the packed expert weights, the activation
     quantizer fused, with the amax per row `_quantize_rows` would use (per-token: computed in the kernel's launcher;
     static: the calibrated amax; per-tensor dynamic: each expert's amax on its rows)."""
-    w_p = _expert_weight(weight, profile.weight, cache, "n", packed=True)
+    w_p = expert_weight(weight, profile.weight, cache, "n", packed=True)
     schedule = layout.cache.get("packed_schedule")
     if schedule is None:
         schedule = layout.cache["packed_schedule"] = dispatch.grouped_decode_schedule(
@@ -464,7 +387,7 @@ class _GroupedNVFP4(torch.autograd.Function):
         if linear_gemm(profile).packed:  # the packed-weight grouped GEMM (nn.arithmetic.Packed)
             y = _packed_forward(x, weight, profile, layout, input_amax, cache)
         else:
-            w_op = _expert_weight(weight, profile.weight, cache, "n")
+            w_op = expert_weight(weight, profile.weight, cache, "n")
             schedule = layout.cache.get("schedule_fwd")
             if schedule is None:  # decode: the filler gets no tile (forward only: a backward's dy may reach it)
                 live = layout.live_rows()
@@ -507,7 +430,7 @@ class _GroupedNVFP4(torch.autograd.Function):
         dy = dy.contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            w_t = _expert_weight(weight, profile.weight, ctx.cache, "t")
+            w_t = expert_weight(weight, profile.weight, ctx.cache, "t")
             schedule = layout.cache.get("schedule")
             if schedule is None:
                 schedule = layout.cache["schedule"] = dispatch.grouped_schedule(layout.offs, None, layout.num_rows)
