@@ -328,6 +328,7 @@ def bench_moe_fused(rec, name, shape, x, W, layout, flops, t_bf16, reps):
     from minite_core.kernels import grouped as GG
     from minite_core.kernels.operands import DqOperand
     from minite_core.kernels.quantize import quantize_triton, row_amax
+    from minite_core.nn.experts import segment_amax
 
     offs, experts = layout.offs, layout.num_experts
     sched = GG.grouped_schedule(offs, GG._config(GG.GROUPED_CONFIG, GG.SMALL, None, x.device)["BLOCK_M"],
@@ -335,8 +336,7 @@ def bench_moe_fused(rec, name, shape, x, W, layout, flops, t_bf16, reps):
     seg_seed = ((torch.arange(experts, device=x.device) * 7919 + 5)[layout.row_expert], layout.row_local)
 
     def expert_amax():
-        seg = torch.zeros(experts, device=x.device).scatter_reduce(0, layout.row_expert, row_amax(x), "amax")
-        return seg[layout.row_expert]
+        return segment_amax(row_amax(x), layout.row_expert, experts)[layout.row_expert]
 
     def separate(sr):
         kw = {"amax": expert_amax(), "rounding": "sr", "seg_seed": seg_seed} if sr else {}
@@ -363,6 +363,7 @@ def bench_moe_wgrad_fused(rec, name, shape, x, dy, layout, flops, t_wb, reps):
     from minite_core.kernels import grouped as GG
     from minite_core.kernels.quantize import decode_scale
     from minite_core.kernels.quantize_cols import col_block_amax, quantize_cols_triton
+    from minite_core.nn.experts import segment_amax
 
     offs, experts = layout.offs, layout.num_experts
     block_expert = layout.row_expert[::16].contiguous()
@@ -372,8 +373,7 @@ def bench_moe_wgrad_fused(rec, name, shape, x, dy, layout, flops, t_wb, reps):
     quant = {"rounding": "sr", "seg_seed": seg_seed, "rht_dtype": "bfloat16"}
 
     def expert_amax(rht):
-        blocks = col_block_amax(dy, rht=rht, rht_dtype="bfloat16")
-        return torch.zeros(experts, device=dy.device).scatter_reduce(0, block_expert, blocks, "amax")
+        return segment_amax(col_block_amax(dy, rht=rht, rht_dtype="bfloat16"), block_expert, experts)
 
     def separate(rht):
         amax = expert_amax(rht)

@@ -268,7 +268,7 @@ def _grouped_bf16(x, weight, layout, profile, cache):
 
 
 # ---- NVFP4: Triton grouped kernels -------------------------------------------------------------------------------
-def _segment_amax(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
+def segment_amax(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
     """max of `values` per segment id (zeros for empty segments): (num_segments,) fp32."""
     out = torch.zeros(num_segments, dtype=torch.float32, device=values.device)
     return out.scatter_reduce(0, segment, values.float(), reduce="amax", include_self=True)
@@ -288,7 +288,7 @@ def _row_scales(x, spec: Quant, layout: MoELayout, input_amax, fused: bool):
         return "row", dispatch.row_amax(x) if fused else None
     if spec.static:
         return "tensor", input_amax
-    seg = _segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)
+    seg = segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)
     return "row", seg[layout.row_expert]
 
 
@@ -331,7 +331,7 @@ def _packed_forward(x, weight, profile: Profile, layout: MoELayout, input_amax, 
     if spec is not None and spec.static:
         amax = input_amax
     elif spec is not None and spec.scale_mode == "tensor":
-        amax = _segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)[layout.row_expert]
+        amax = segment_amax(dispatch.row_amax(x), layout.row_expert, layout.num_experts)[layout.row_expert]
     return dispatch.grouped_decode_gemm(x, w_p, layout.offs, spec, amax, x.dtype, schedule=schedule)
 
 
@@ -355,7 +355,7 @@ def _col_amax(x, layout: MoELayout, rht: bool, rht_dtype: str):
     if block_expert is None:
         block_expert = layout.cache["block_expert"] = layout.row_expert[::16].contiguous()
     blocks = dispatch.col_block_amax(x, rht=rht, rht_dtype=rht_dtype)  # (T/16,)
-    return _segment_amax(blocks, block_expert, layout.num_experts), block_expert
+    return segment_amax(blocks, block_expert, layout.num_experts), block_expert
 
 
 def _wgrad(dy, profile: Profile, layout: MoELayout, x_t_parts, seeds, *, fused: bool):
