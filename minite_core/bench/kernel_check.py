@@ -200,11 +200,12 @@ def _wgrad_fused_equal(dy, xt, s_x, layout, rht: bool) -> bool:
     per-expert streams, per-expert amax, TE's RHT rounded to bf16 with `rht`) equals the separate `quantize_cols`
     pass + `kgrouped_gemm`, bit for bit."""
     from minite_core.kernels import dispatch
+    from minite_core.nn.experts import segment_amax
 
     grad, seeds = Quant(rounding="sr"), (1000 + 7919 * layout.row_expert, layout.row_local)
     block_expert = layout.row_expert[::16]
     blocks = dispatch.col_block_amax(dy, rht=rht, rht_dtype="bfloat16")
-    amax = torch.zeros(layout.num_experts, device=dy.device).scatter_reduce(0, block_expert, blocks, "amax")
+    amax = segment_amax(blocks, block_expert, layout.num_experts)
     _, dq = dispatch.quantize_cols(dy, grad, col_amax=amax[block_expert], seg_seed=seeds, rht=rht,
                                    rht_dtype="bfloat16", emit_dq=True)
     c_ref = dispatch.kgrouped_gemm(dq, dispatch.decode_scale(amax), xt, s_x, layout.offs)
