@@ -371,18 +371,44 @@ def test_te_rows_run_with_only_the_active_optimizer_state(fake_te_bench, monkeyp
     assert len(swaps[0].optimizers) == 2 and len(seen) == 3 * 3 and all(seen)
 
 
+def test_te_grouped_rows_share_one_parameter_set(fake_te_bench):
+    """`te:<mode>+grouped` builds its experts as one te.GroupedLinear (stand-in) beside the per-expert row's
+    te.Linear each; both copies train the same Parameters through one AdamW, and both rows run and are timed.
+    te:nvfp4+grouped (no grouped path for TE's NVFP4 reference quantizer) fails before any work."""
+    from minite_core.bench.learner_setup import CONFIGS, build
+    from minite_core.bench.learner_te import _weight_slots, te_models
+
+    cpu = torch.device("cpu")
+    cfg = learner.resolve_config("tiny", cpu, profiles=("te:bf16", "te:bf16+grouped"), warmup=1, iters=1)
+    model = build(CONFIGS["tiny"], cpu)[0]
+    copies, opt, skipped = te_models(cfg, model, log=lambda s: None)
+    assert not skipped and set(copies) == {"te:bf16", "te:bf16+grouped"}
+    per, grouped = (_weight_slots(copies[n]) for n in ("te:bf16", "te:bf16+grouped"))
+    assert per.keys() == grouped.keys() and any(isinstance(k, tuple) for k in per)
+    assert all(getattr(*per[k]) is getattr(*grouped[k]) for k in per)  # the same Parameter objects
+    assert {id(p) for p in copies["te:bf16+grouped"].parameters()} == {id(p) for g in opt.param_groups
+                                                                       for p in g["params"]}
+    payload = learner.run(learner.resolve_config("tiny", cpu, profiles=("bf16", "te:bf16", "te:bf16+grouped"),
+                                                 warmup=1, iters=1), cpu, log=lambda s: None)
+    assert [r["profile"] for r in payload["rows"]] == ["bf16", "te:bf16", "te:bf16+grouped"]
+    with pytest.raises(ValueError, match=r"te:nvfp4\+grouped.*no path for TE's NVFP4"):
+        learner.run(learner.resolve_config("tiny", cpu, profiles=("bf16", "te:nvfp4+grouped")), cpu)
+
+
 @pytest.mark.gpu
 def test_gpu_bench_with_te_rows():
-    """Our rows and real TE rows in one run on the GPU (tiny model): every row timed, peak memory recorded."""
+    """Our rows and real TE rows (te.Linear per expert, te.GroupedLinear) in one run on the GPU (tiny model): every
+    row timed, peak memory recorded."""
     from minite_core.peers import te_learner
 
     ok, why = te_learner.available()
     if not ok:
         pytest.skip(why)
     cuda = torch.device("cuda")
-    cfg = learner.resolve_config("tiny", cuda, profiles=("bf16", "te:bf16", "minite"), warmup=1, iters=2)
-    payload = learner.run(cfg, cuda, log=lambda s: None)
-    assert [r["profile"] for r in payload["rows"]] == ["bf16", "te:bf16", "minite"]
+    rows = ("bf16", "te:bf16", "te:bf16+grouped", "minite")
+    payload = learner.run(learner.resolve_config("tiny", cuda, profiles=rows, warmup=1, iters=2), cuda,
+                          log=lambda s: None)
+    assert tuple(r["profile"] for r in payload["rows"]) == rows
     assert all(r["peak_mem_gb"] > 0 for r in payload["rows"])
 
 

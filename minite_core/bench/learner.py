@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "tiny on CPU)")
     ap.add_argument("--profiles", default=None, help="comma list, e.g. bf16,te-nvfp4,minite,minite+fused+lowmem "
                     "(+fused: the expert GEMMs' quantizers in their prologue; +lowmem: their outputs made again in "
-                    "backward from their inputs' codes)")
+                    "backward from their inputs' codes); real TE rows te:<mode>[+grouped], e.g. te:bf16, "
+                    "te:fp8-block+grouped (+grouped: te.GroupedLinear experts, not one te.Linear each)")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--layers", type=int)

@@ -3,11 +3,13 @@
 Real Transformer Engine rows (`te:<mode>`, e.g. te:bf16, te:fp8-current, te:fp8-block; modes of peers.te_learner):
 the same model and batch through `te_learner.build_te_model(model, mode, share_weights=True)` (decoder GEMMs as
 te.Linear, one per expert; every copy shares the model's parameter storage) and `te_learner.te_train_step`,
-interleaved with the other profiles. The TE copies share one Parameter set (expert views included), so one
-second AdamW serves every TE row (its state is apart from the main optimizer's, as the parameters are its own
-Parameter objects); every optimizer step clears every copy's weight caches. When TE cannot run a mode here (not
-installed, no CUDA, an FP8 recipe this GPU lacks) its row is skipped: the reason is printed and recorded in the
-payload's `skipped`, and no number is made up.
+interleaved with the other profiles. `te:<mode>+grouped` runs each expert GEMM as one te.GroupedLinear instead, as
+Megatron-Core's TE path runs an MoE (bf16 and FP8 recipes: TE's grouped GEMM has no path for the NVFP4 reference
+quantizer, so `te:nvfp4+grouped` fails before any work). The TE copies share one Parameter set (expert views
+included, whichever expert path a copy has), so one second AdamW serves every TE row (its state is apart from the
+main optimizer's, as the parameters are its own Parameter objects); every optimizer step clears every copy's weight
+caches. When TE cannot run a mode here (not installed, no CUDA, an FP8 recipe this GPU lacks) its row is skipped:
+the reason is printed and recorded in the payload's `skipped`, and no number is made up.
 
 Memory with TE rows (`OptimizerSwap`): two AdamW states would sit on the GPU at once — at 4 Qwen3-30B-A3B layers
 (2.63B fp32 params) 21.0 GB each beside 10.5 GB of weights and 10.5 GB of grads; with the six rows of
@@ -32,12 +34,46 @@ import torch
 from minite_core.bench.learner_setup import LearnerBenchConfig
 
 
-def te_mode(name: str):
-    """The peers.te_learner mode of a `te:<mode>` row, else None."""
+GROUPED = "+grouped"  # the row suffix of te.GroupedLinear experts (module docstring)
+
+
+def te_row(name: str):
+    """(the peers.te_learner mode, its expert path) of a `te:<mode>[+grouped]` row, else None. A grouped row of a
+    mode TE cannot group raises ValueError."""
     from minite_core.peers import te_learner
 
     mode = te_learner.learner_mode(name)
-    return None if mode is None else te_learner.get_mode(mode)
+    if mode is None:
+        return None
+    experts = "grouped" if mode.endswith(GROUPED) else "per-expert"
+    mode = te_learner.get_mode(mode.removesuffix(GROUPED))
+    if experts == "grouped" and mode.recipe == "nvfp4-ref":
+        raise ValueError(f"row {name!r}: te.GroupedLinear has no path for TE's NVFP4 reference quantizer; "
+                         f"use te:{mode.name} (one te.Linear per expert)")
+    return mode, experts
+
+
+def te_mode(name: str):
+    """The peers.te_learner mode of a `te:<mode>[+grouped]` row, else None."""
+    row = te_row(name)
+    return None if row is None else row[0]
+
+
+def _weight_slots(te_model) -> dict:
+    """{slot: (module, attribute)} of a TE copy's decoder weights, one slot per weight whatever the expert path:
+    a dense TELinear's by its name, an expert's by (its TEExperts' name, expert index)."""
+    from minite_core.peers import te_learner
+
+    slots, in_experts = {}, set()
+    for mod_name, mod in te_model.named_modules():
+        if isinstance(mod, te_learner.TEExperts):
+            for e in range(mod.num_experts):
+                owner = (mod.experts[e].linear, "weight") if mod.path == "per-expert" else (mod.grouped, f"weight{e}")
+                slots[(mod_name, e)] = owner
+            in_experts.update(id(m) for m in mod.modules())
+        elif isinstance(mod, te_learner.TELinear) and id(mod) not in in_experts:
+            slots[mod_name] = (mod.linear, "weight")
+    return slots
 
 
 def te_models(cfg: LearnerBenchConfig, model, log=print) -> tuple[dict, torch.optim.Optimizer | None, dict]:
@@ -46,23 +82,23 @@ def te_models(cfg: LearnerBenchConfig, model, log=print) -> tuple[dict, torch.op
 
     copies, skipped = {}, {}
     for name in cfg.profiles:
-        mode = te_mode(name)
-        if mode is None:
+        row = te_row(name)
+        if row is None:
             continue
+        mode, experts = row
         ok, why = te_learner.mode_available(mode)
         if not ok:
             skipped[name] = why
             log(f"skipping {name}: {why}")
             continue
-        copies[name] = te_learner.build_te_model(model, mode, share_weights=True)
+        copies[name] = te_learner.build_te_model(model, mode, share_weights=True, experts=experts)
     if not copies:
         return copies, None, skipped
     first = next(iter(copies.values()))
-    shared = dict(first.named_parameters())
+    shared = {slot: getattr(*owner) for slot, owner in _weight_slots(first).items()}
     for te_model in copies.values():  # one Parameter set for all copies (expert views are new per copy)
-        for mod_name, mod in te_model.named_modules():
-            if isinstance(mod, te_learner.TELinear):
-                mod.linear.register_parameter("weight", shared[f"{mod_name}.linear.weight"])
+        for slot, (owner, attr) in _weight_slots(te_model).items():
+            owner.register_parameter(attr, shared[slot])
     fused = next(model.parameters()).is_cuda
     opt = torch.optim.AdamW(first.parameters(), lr=cfg.lr, weight_decay=0.0, **({"fused": True} if fused else {}))
     return copies, opt, skipped
