@@ -67,6 +67,26 @@ def test_paper_block_is_separate_from_measured_rows(tiny_run):
     assert "not measured here" in md and all(f"| {p} |" in md for p in PROFILES)
 
 
+def test_targets_are_checks_on_the_measured_rows(tiny_run):
+    """Each target a check {target, value, met}: minite against BF16 and TE-NVFP4, its quantize passes' share of
+    its kernel time (from the op profile; — without one), the lowest saved-activation ratio of the minite rows
+    (a TE row's name does not confuse it); the report lists them. The tiny CPU run has no op profile."""
+    row = {"mfu": 0.36, "speedup_vs_bf16": 0.6, "speedup_vs_te_nvfp4": 0.95, "saved_act_ratio_vs_bf16": 0.78}
+    by_name = {"bf16": {**row, "speedup_vs_bf16": 1.0}, "minite": row,
+               "minite+lowmem": {**row, "speedup_vs_bf16": 0.56, "saved_act_ratio_vs_bf16": 0.42},
+               "te:bf16+grouped": {**row, "saved_act_ratio_vs_bf16": 0.1}}
+    by_name = {name: {**r, "profile": name} for name, r in by_name.items()}
+    ops = {"minite": {"kernel_ms_per_step": 294.0, "group_ms_per_step": {"quantize": 72.0}}}
+    checks = learner._check_targets(by_name, ops, cuda=True)["checks"]
+    assert [(c["value"], c["met"]) for c in checks] == [(0.36, True), (0.6, False), (0.95, False),
+                                                        (72.0 / 294.0, False), (0.42, True)]
+    assert "minite+lowmem" in checks[-1]["target"] and "10%" in checks[3]["target"]
+    assert learner._check_targets(by_name, {}, cuda=True)["checks"][3]["met"] is None
+    md = throughput_table(tiny_run / "learner.json")
+    assert "Targets (CPU" in md and "- miniTE ≥ 0.80× BF16 tokens/s (aim 0.90×): " in md
+    assert "- miniTE's separate quantize passes ≤ 10% of its kernel time: — (—)" in md
+
+
 def test_csv_is_long_format(tiny_run):
     with (tiny_run / "learner.csv").open() as f:
         lines = list(csv.DictReader(f))

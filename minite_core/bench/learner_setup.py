@@ -47,9 +47,13 @@ PAPER = {
     "note": "the paper's numbers, not measured here; implied_* = 33540 / speedup (our arithmetic)",
 }
 
-# Targets for this reproduction on the H200 (sm_90, no FP4 tensor cores), all from the same run.
-TARGETS = {"bf16_mfu_min": 0.35, "minite_vs_bf16_min": 0.90, "minite_vs_te_nvfp4_min": 1.25,
-           "minite_saved_act_ratio_max": 0.40}
+# Targets for this reproduction on the H200 (sm_90, no FP4 tensor cores), all from the same run. On Hopper miniTE's
+# limit is bf16 tensor-core time plus what cannot be fused: at least 0.80× BF16 (aim 0.90×), its separate quantize
+# passes at most 10% of its kernel time (`--op-profile`), and some miniTE row (e.g. minite+lowmem) saving at most
+# 0.45× BF16's activations.
+TARGETS = {"bf16_mfu_min": 0.35, "minite_vs_bf16_min": 0.80, "minite_vs_bf16_aim": 0.90, "minite_vs_te_nvfp4_min": 1.25,
+           "minite_quantize_share_max": 0.10, "minite_saved_act_ratio_max": 0.45}
+QUANTIZE_KERNELS = ("_quantize", "amax")  # the NVFP4 quantizers' kernels and their amax passes (kernels/quantize*.py)
 CEILING_SHAPE, CEILING_REPS = 8192, 20
 
 

@@ -23,10 +23,11 @@ def profiled(device: torch.device):
             torch.cuda.synchronize(device)
 
 
-def kernel_table(prof, steps: int = 1, top: int = 25) -> dict:
+def kernel_table(prof, steps: int = 1, top: int = 25, groups: dict[str, tuple[str, ...]] | None = None) -> dict:
     """Per step: kernel launches, summed kernel milliseconds, the `top` kernels by device time and the `top` by
     launches (where a step is launch-bound, the second list names what to fuse). GPU ranges of user annotations
-    (`Optimizer.step#AdamW.step`) span kernels counted on their own: left out."""
+    (`Optimizer.step#AdamW.step`) span kernels counted on their own: left out. `groups` {name: substrings}: also
+    the milliseconds of every kernel whose name holds one of a group's substrings (all kernels, not only the top)."""
     by_name: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
@@ -36,9 +37,12 @@ def kernel_table(prof, steps: int = 1, top: int = 25) -> dict:
         return [{"kernel": k, "calls_per_step": len(v) / steps, "ms_per_step": sum(v) / steps}
                 for k, v in sorted(by_name.items(), key=key)[:top]]
 
+    grouped = {g: sum(sum(v) for k, v in by_name.items() if any(part in k for part in parts)) / steps
+               for g, parts in (groups or {}).items()}
     return {"steps": steps, "kernels_per_step": sum(map(len, by_name.values())) / steps,
             "kernel_ms_per_step": sum(map(sum, by_name.values())) / steps,
-            "top": rows(lambda kv: -sum(kv[1])), "most_launched": rows(lambda kv: -len(kv[1]))}
+            "top": rows(lambda kv: -sum(kv[1])), "most_launched": rows(lambda kv: -len(kv[1])),
+            **({"group_ms_per_step": grouped} if groups else {})}
 
 
 def summary(table: dict, n: int = 8) -> str:

@@ -77,7 +77,9 @@ def throughput_table(res: dict | str | Path) -> str:
                           f"{r['profile']} {r['per_gpu_tokens_per_s']:,.0f} per GPU, scaling efficiency "
                           f"{_fmt_spec(r['scaling_efficiency'], '.3f')}" for r in res["rows"]) + "."]
     t = res.get("targets", {})
-    if "met" in t:
+    if t.get("checks"):
+        lines += _checks_lines(t)
+    elif "met" in t:  # results written before the targets became a list of checks
         marks = ["—" if ok is None else ("met" if ok else "**missed**") for ok in t["met"]]
         scope = "" if t.get("applicable") else " (CPU smoke run: targets apply to the H200 run only)"
         mfu = ("—" if t.get("bf16_mfu") is None else
@@ -112,7 +114,8 @@ model, one batch, in one process, the profiles interleaved round-robin so drift 
 comes from this one run; the paper's B300 numbers are quoted separately and never mixed with ours.
 
 Why the H200 cannot show the paper's headline: {WHY_NOT_HOPPER} Beating
-BF16 on an H200 is therefore not expected; the H200 target is to lose at most 10% (miniTE ≥ 0.90× BF16).
+BF16 on an H200 is therefore not expected; the H200 targets ask for at least 0.80× BF16 (aiming for 0.90×), with
+the separate quantize passes at most 10% of miniTE's kernel time.
 
 What the H200 *can* show is what each recipe costs beyond the same bf16 GEMMs, both run by this harness's kernels
 with the same care (TE's NVFP4 needs sm_100+, so `te-nvfp4` is TE's *recipe*: the ratio compares recipes, not
@@ -120,8 +123,8 @@ software). TE's recipe adds a random Hadamard transform of both wgrad operands a
 adds per-token activation scales (a row-amax pass in each activation quantization) and an fp32 router and LM head
 (each fp32 GEMM as three bf16 GEMMs, `nn/fp32_split.py`). Both keep packed NVFP4 GEMM inputs for backward (xᵀ,
 ≈4.5 bits per element, instead of the bf16 x) and recompute RMSNorm and SwiGLU there (profile knob
-`recompute_elementwise`); BF16 keeps autograd's plain graph, as its users run it. Targets, same run: miniTE ≥
-1.25× TE-NVFP4 tokens/s, and miniTE's saved-activation bytes ≤ 0.40× BF16.
+`recompute_elementwise`); BF16 keeps autograd's plain graph, as its users run it. The targets, each checked on
+this run's rows, are listed under its table.
 
 Saved activations count the unique storages autograd keeps for backward during one `model(ids)` forward,
 excluding parameters and view/cast copies of parameters (e.g. `weight.to(bf16)`); the loss's log-softmax is
@@ -245,12 +248,18 @@ def sampler_table(res: dict) -> str:
                          f"{_fmt_spec(r.get('fast_speedup_vs_reference'), ',.1f')} |")
     t = res.get("targets", {})
     if t.get("checks"):
-        scope = "" if t.get("applicable") else " (CPU run: the targets apply to the H200 run only)"
-        lines += ["", f"Targets{scope}:", ""]
-        for ch in t["checks"]:
-            mark = "—" if ch["met"] is None else ("met" if ch["met"] else "**missed**")
-            lines.append(f"- {ch['target']}: {_fmt_spec(ch['value'], ',.2f')} ({mark})")
+        lines += _checks_lines(t, ",.2f")
     return "\n".join(lines) + "\n"
+
+
+def _checks_lines(t: dict, spec: str = ".3f") -> list[str]:
+    """A bench's targets (`checks`: [{target, value, met}]) as a list, values in `spec`; one not measured reads —."""
+    scope = "" if t.get("applicable") else " (CPU run: the targets apply to the H200 run only)"
+    lines = ["", f"Targets{scope}:", ""]
+    for ch in t["checks"]:
+        mark = "—" if ch["met"] is None else ("met" if ch["met"] else "**missed**")
+        lines.append(f"- {ch['target']}: {_fmt_spec(ch['value'], spec)} ({mark})")
+    return lines
 
 
 def sampler_section(res: dict | str | Path | None, missing: str = "_not run_") -> str:
