@@ -15,8 +15,8 @@ so the CPU reference path imports none):
   quantized along tokens in its prologue), `grouped_schedule`, the packed-weight
   `decode_gemm` / `grouped_decode_gemm` / `grouped_decode_schedule`, `prepare_weight`, `gemm_w4a16`, and the peer
   arithmetics `gemm_te_reference`, `gemm_vllm_cpu`;
-- the model's other ops (kernels/model_ops.py): `attention`, `rms_norm`, `rms_norm_fused`, `rms_norm_tail`,
-  `rope`, `silu_mul`, `swiglu`, `moe_layout`, `moe_permute`, `moe_combine`, `uniform_rows`.
+- the model's other ops (kernels/model_ops.py): `attention`, `rms_norm`, `rms_norm_fused`, `rms_norm_nograd`,
+  `rms_norm_tail`, `rope`, `silu_mul`, `swiglu`, `moe_layout`, `moe_permute`, `moe_combine`, `uniform_rows`.
 Results equal across backends: codes and scales bitwise, GEMM outputs up to fp32 accumulation order.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from minite_core.kernels.gemm_ops import (decode_gemm, fused_quant_spec, gemm, g
                                           grouped_gemm, grouped_gemm_quant, grouped_schedule, kgrouped_gemm,
                                           kgrouped_gemm_quant, prepare_weight)
 from minite_core.kernels.model_ops import (attention, moe_combine, moe_layout, moe_permute, rms_norm, rms_norm_fused,
-                                           rms_norm_tail, rope, silu_mul, swiglu, uniform_rows)
+                                           rms_norm_nograd, rms_norm_tail, rope, silu_mul, swiglu, uniform_rows)
 from minite_core.kernels.operands import DqOperand, PackedExperts
 from minite_core.kernels.quantize_ops import (as_dq, col_block_amax, decode_scale, dequantize_bf16, quantize,
                                               quantize_cols, quantize_dq, quantize_rows_cols, row_amax,
@@ -43,6 +43,7 @@ __all__ = [
     "decode_gemm", "fused_quant_spec", "gemm", "gemm_quant", "gemm_te_reference", "gemm_vllm_cpu", "gemm_w4a16",
     "grouped_decode_gemm", "grouped_decode_schedule", "grouped_gemm", "grouped_gemm_quant", "grouped_schedule",
     "kgrouped_gemm", "kgrouped_gemm_quant", "prepare_weight",
-    "attention", "moe_combine", "moe_layout", "moe_permute", "rms_norm", "rms_norm_fused", "rms_norm_tail", "rope",
+    "attention", "moe_combine", "moe_layout", "moe_permute", "rms_norm", "rms_norm_fused", "rms_norm_nograd",
+    "rms_norm_tail", "rope",
     "silu_mul", "swiglu", "uniform_rows",
 ]

@@ -74,9 +74,11 @@ class RMSNorm(nn.Module):
             # (kernels/rmsnorm_grad.py: the forward's bits, x saved); else autograd through the reference
             return dispatch.rms_norm_fused(x, self.weight, self.eps, residual, reference=self.autograd_reference)
         # no gradient (decode, eval): the weight cast once per version (the same bits as .to()), and on the GPU
-        # everything after torch's mean in one launch (dispatch.rms_norm_tail)
+        # torch's mean between two launches (dispatch.rms_norm_nograd), or everything after the mean in one
+        # (dispatch.rms_norm_tail) where the first does not take the inputs
         weight = cast_weight(self.weight, x.dtype, self.weight_cache)
-        return self.reference(x, weight, residual, tail=dispatch.rms_norm_tail)
+        y = dispatch.rms_norm_nograd(x, weight, self.eps, residual)
+        return y if y is not None else self.reference(x, weight, residual, tail=dispatch.rms_norm_tail)
 
     def autograd_reference(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The reference under autograd; with the recompute knob it saves x (and residual), not the fp32 upcast
