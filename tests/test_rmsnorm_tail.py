@@ -19,7 +19,9 @@ CUDA = torch.cuda.is_available()
 CASES = [(256, torch.bfloat16), (32, torch.bfloat16), (48, torch.float32), (2048, torch.float16)]
 
 
-LAYOUTS = ["contiguous", "strided", "fp32-residual"]  # rms_norm_nograd; the tail (a view); a residual of another dtype
+# rms_norm_nograd on: contiguous x, every other row, the heads of a q|k|v-style column slice, a residual of another
+# dtype; the tail after torch's ops on: a transposed x (its last dim not contiguous)
+LAYOUTS = ["contiguous", "strided", "heads-slice", "fp32-residual", "transposed"]
 
 
 def _pair(D, dtype, device, residual: bool, layout: str = "contiguous"):
@@ -31,7 +33,11 @@ def _pair(D, dtype, device, residual: bool, layout: str = "contiguous"):
     res = res.to(dtype) if res is not None and layout != "fp32-residual" else res
     if layout == "strided":  # every other row: not contiguous
         x = torch.cat([x, x], dim=1)[:, ::2]
-        assert not x.is_contiguous()
+    elif layout == "heads-slice":  # (3, 5 heads, D) out of rows of 6·D
+        x = torch.cat([x.reshape(3, 5 * D), x[:, 0]], dim=1)[:, :5 * D].view(3, 5, D)
+    elif layout == "transposed":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert x.is_contiguous() == (layout in ("contiguous", "fp32-residual"))
     with torch.no_grad():
         with dispatch.using_backend("reference"):
             ref = norm(x, res)
@@ -64,11 +70,21 @@ def test_squares_equal_the_references_upcast_and_pow_bitwise(dtype):
                 torch.randn(7, 96, generator=gen).to(device)):
         ref = (x.float() if res is None else x.float() + res.float()).pow(2)
         assert torch.equal(squares(x, res), ref)
+    heads = torch.cat([x, x], dim=1)[:, :160].view(7, 10, 16)  # a column slice: heads of 16, rows 192 apart
+    assert torch.equal(squares(heads), heads.float().pow(2))
+    assert torch.equal(squares(heads).mean(-1), heads.float().pow(2).mean(-1))  # torch's mean: the same tensor
 
 
 def test_nograd_path_takes_contiguous_inputs_only(monkeypatch):
-    """RMSNorm without a gradient runs `rms_norm_nograd` on contiguous inputs (three launches, no fp32 copy of x);
-    a view, a gradient or the reference backend leave it to the reference (with the tail on the fast path)."""
+    """RMSNorm without a gradient runs `rms_norm_nograd` (three launches, no fp32 copy of x) on the inputs
+    `row_groups` takes (contiguous, column slices); another view, a gradient or the reference backend leave it to
+    the reference (with the tail on the fast path)."""
+    from minite_core.kernels.rmsnorm_tail import row_groups
+
+    qkv = torch.randn(2, 1, 8 * 16)
+    assert row_groups(qkv[..., :64].view(2, 1, 4, 16)) == (4, 128)  # q of a q|k|v output: 4 heads, rows 128 apart
+    assert row_groups(torch.randn(6, 20)[:, :8]) == (1, 20) and row_groups(torch.randn(3, 5, 8)) == (15, 0)
+    assert row_groups(torch.randn(8, 6).t()) is None
     from minite_core.kernels import rmsnorm_tail
 
     calls = []
@@ -78,7 +94,7 @@ def test_nograd_path_takes_contiguous_inputs_only(monkeypatch):
     x = torch.randn(4, 16)
     with torch.no_grad(), dispatch.using_backend("triton"):
         norm(x)
-        norm(torch.randn(4, 32)[:, ::2])
+        norm(torch.randn(4, 16, 2)[..., 0])  # a view whose last dim is not contiguous
     with torch.no_grad(), dispatch.using_backend("reference"):
         norm(x)
     with dispatch.using_backend("triton"):

@@ -63,18 +63,20 @@ def rms_norm_nograd(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
                     backend: str | None = None) -> torch.Tensor | None:
     """RMSNorm of x (..., D) [+ residual] without a gradient (decode, eval) from its inputs, in three launches
     (kernels/rmsnorm_tail.py `rms_norm_nograd`: torch's mean between two elementwise kernels, the reference's bits),
-    on the fast path for contiguous fp32/bf16/fp16 x (and a residual of its shape) and weight in x's dtype; None
-    otherwise (the caller runs the reference)."""
+    on the fast path for fp32/bf16/fp16 x contiguous or a column slice (`rmsnorm_tail.row_groups`; contiguous with
+    a residual of its shape) and weight in x's dtype; None otherwise (the caller runs the reference)."""
     tensors = (x, weight) if residual is None else (x, weight, residual)
     if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or not fast_path(x, backend):
         return None
-    if (x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or weight.dtype != x.dtype
-            or weight.shape != x.shape[-1:] or not x.is_contiguous()
-            or (residual is not None and (residual.shape != x.shape or not residual.is_contiguous()))):
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
         return None
-    from minite_core.kernels.rmsnorm_tail import rms_norm_nograd as fused
+    if residual is not None and not (residual.shape == x.shape and residual.is_contiguous() and x.is_contiguous()):
+        return None
+    from minite_core.kernels import rmsnorm_tail
 
-    return fused(x, weight, eps, residual)
+    if weight.shape != x.shape[-1:] or x.numel() == 0 or rmsnorm_tail.row_groups(x) is None:
+        return None
+    return rmsnorm_tail.rms_norm_nograd(x, weight, eps, residual)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None, rounding: str, *,

@@ -17,7 +17,8 @@ fp32 upcast is never written. A first launch writes the fp32 squares (x + residu
 add, one multiply, as the reference's `x.float() + residual.float()` and `pow(2)` (torch computes x² as x · x) —
 torch's mean reduces them (the same contiguous fp32 tensor the reference's `pow(2)` makes, so the same reduction
 and bits), and the tail upcasts x again instead of reading the fp32 copy. Three launches a norm instead of four (five
-with a residual), and 8 fewer bytes an element moved.
+with a residual), 14 bytes an element moved instead of 24 (bf16 x). x may be a column slice (`row_groups`: q and k of
+a packed q|k|v output), read in place where the reference's upcast would copy it.
 """
 from __future__ import annotations
 
@@ -32,30 +33,34 @@ BLOCK = 1024
 
 
 @triton.jit
-def _upcast(x_ptr, r_ptr, i, ok, HAS_RES: tl.constexpr):
-    """The reference's x_fp32: x.float() (+ residual.float())."""
-    x = tl.load(x_ptr + i, mask=ok, other=0.0).to(tl.float32)
+def _upcast(x_ptr, r_ptr, i, ok, D, R2, S1, HAS_RES: tl.constexpr):
+    """The reference's x_fp32 at flat index i of (rows, D): x.float() (+ residual.float()). x's row `row` starts at
+    (row // R2) · S1 + (row % R2) · D (groups of R2 packed rows S1 apart: a column slice; R2 = rows for a
+    contiguous x); the residual is contiguous."""
+    row = i // D
+    x = tl.load(x_ptr + (row // R2) * S1 + (row % R2) * D + i % D, mask=ok, other=0.0).to(tl.float32)
     if HAS_RES:
         x = x + tl.load(r_ptr + i, mask=ok, other=0.0).to(tl.float32)
     return x
 
 
 @triton.jit
-def _square_kernel(x_ptr, r_ptr, sq_ptr, n, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-    # x, r (rows, D) contiguous in any float dtype, sq (rows, D) fp32 = x_fp32 · x_fp32
+def _square_kernel(x_ptr, r_ptr, sq_ptr, n, D, R2, S1, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    # x, r (rows, D) in any float dtype (x as `_upcast` reads it), sq (rows, D) fp32 contiguous = x_fp32 · x_fp32
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
-    x = _upcast(x_ptr, r_ptr, i, ok, HAS_RES)
+    x = _upcast(x_ptr, r_ptr, i, ok, D, R2, S1, HAS_RES)
     tl.store(sq_ptr + i, x * x, mask=ok)
 
 
 @triton.jit
-def _tail_kernel(x_ptr, r_ptr, ms_ptr, w_ptr, y_ptr, n, D, eps, HAS_RES: tl.constexpr, GPU: tl.constexpr,
+def _tail_kernel(x_ptr, r_ptr, ms_ptr, w_ptr, y_ptr, n, D, R2, S1, eps, HAS_RES: tl.constexpr, GPU: tl.constexpr,
                  BLOCK: tl.constexpr):
-    # x, r (rows, D) contiguous (x fp32, or any float dtype upcast here), ms (rows,) fp32, w (D,) in y's dtype
+    # x, r (rows, D) (x fp32, or any float dtype upcast here; as `_upcast` reads them), ms (rows,) fp32, w (D,) in
+    # y's dtype, y (rows, D) contiguous
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
-    x = _upcast(x_ptr, r_ptr, i, ok, HAS_RES)
+    x = _upcast(x_ptr, r_ptr, i, ok, D, R2, S1, HAS_RES)
     v = tl.load(ms_ptr + i // D, mask=ok, other=1.0) + eps
     if GPU:
         r = libdevice.rsqrt(v)
@@ -73,31 +78,51 @@ def rms_norm_tail(x_fp32: torch.Tensor, ms: torch.Tensor, weight: torch.Tensor, 
     x2 = x_fp32.contiguous()
     y = torch.empty(x2.shape, dtype=out_dtype, device=x2.device)
     n = x2.numel()
-    _tail_kernel[(triton.cdiv(n, BLOCK),)](x2, x2, ms.contiguous(), weight.contiguous(), y, n, D, float(eps),
-                                           HAS_RES=False, GPU=not interpret.INTERPRET, BLOCK=BLOCK, num_warps=4,
-                                           enable_fp_fusion=False)
+    _tail_kernel[(triton.cdiv(n, BLOCK),)](x2, x2, ms.contiguous(), weight.contiguous(), y, n, D, max(n // D, 1), 0,
+                                           float(eps), HAS_RES=False, GPU=not interpret.INTERPRET, BLOCK=BLOCK,
+                                           num_warps=4, enable_fp_fusion=False)
     return y
+
+
+def row_groups(x: torch.Tensor) -> tuple[int, int] | None:
+    """(R2, S1) of x (..., D) as `_upcast` reads it, or None: contiguous x, or x viewed as (R1, R2, D) with strides
+    (S1, D, 1), S1 > R2 · D — a column slice such as q of a q|k|v GEMM's output, whose fp32 copy (`x.float()`, not
+    dense) torch makes contiguous, so the reference reduces a contiguous tensor too."""
+    D = x.shape[-1]
+    if x.is_contiguous():
+        return max(x.numel() // max(D, 1), 1), 0
+    for R2 in (x.shape[-2] if x.dim() >= 2 else 1, 1):  # heads packed in a row, else one row a group
+        try:
+            x3 = x.view(-1, R2, D)
+        except RuntimeError:  # the leading dims do not flatten into one stride
+            continue
+        if x3.stride(2) == 1 and (R2 == 1 or x3.stride(1) == D) and x3.stride(0) > R2 * D:
+            return R2, x3.stride(0)
+    return None
 
 
 def rms_norm_nograd(x: torch.Tensor, weight: torch.Tensor, eps: float,
                     residual: torch.Tensor | None = None) -> torch.Tensor:
     """The whole RMSNorm of x (..., D) [+ residual] from its inputs (module docstring), `RMSNorm.reference`'s bits.
-    x and residual contiguous, of one shape; weight (D,) in x's dtype -> (..., D) in x's dtype."""
+    x as `row_groups` takes it (contiguous with a residual), residual contiguous of x's shape; weight (D,) in x's
+    dtype -> (..., D) contiguous in x's dtype."""
     n, D = x.numel(), x.shape[-1]
+    R2, S1 = row_groups(x)
     r = x if residual is None else residual
     ms = squares(x, residual).mean(-1, keepdim=True)  # torch's reduction: the reference's order
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _tail_kernel[(triton.cdiv(n, BLOCK),)](x, r, ms, weight.contiguous(), y, n, D, float(eps),
+    _tail_kernel[(triton.cdiv(n, BLOCK),)](x, r, ms, weight.contiguous(), y, n, D, R2, S1, float(eps),
                                            HAS_RES=residual is not None, GPU=not interpret.INTERPRET, BLOCK=BLOCK,
                                            num_warps=4, enable_fp_fusion=False)
     return y
 
 
 def squares(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """(x.float() + residual.float())², fp32, contiguous; x and residual contiguous, of one shape."""
-    n = x.numel()
+    """(x.float() + residual.float())², fp32, contiguous; x as `row_groups` takes it, residual contiguous."""
+    n, D = x.numel(), x.shape[-1]
+    R2, S1 = row_groups(x)
     sq = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    _square_kernel[(triton.cdiv(n, BLOCK),)](x, x if residual is None else residual, sq, n,
+    _square_kernel[(triton.cdiv(n, BLOCK),)](x, x if residual is None else residual, sq, n, D, R2, S1,
                                              HAS_RES=residual is not None, BLOCK=BLOCK, num_warps=4,
                                              enable_fp_fusion=False)
     return sq
