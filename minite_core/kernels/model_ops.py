@@ -74,9 +74,8 @@ def rms_norm_nograd(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
         return None
     from minite_core.kernels import rmsnorm_tail
 
-    if weight.shape != x.shape[-1:] or x.numel() == 0 or rmsnorm_tail.row_groups(x) is None:
-        return None
-    return rmsnorm_tail.rms_norm_nograd(x, weight, eps, residual)
+    groups = rmsnorm_tail.row_groups(x) if weight.shape == x.shape[-1:] and x.numel() else None
+    return None if groups is None else rmsnorm_tail.rms_norm_nograd(x, weight, eps, residual, groups)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None, rounding: str, *,

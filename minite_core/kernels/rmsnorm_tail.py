@@ -78,7 +78,7 @@ def rms_norm_tail(x_fp32: torch.Tensor, ms: torch.Tensor, weight: torch.Tensor, 
     x2 = x_fp32.contiguous()
     y = torch.empty(x2.shape, dtype=out_dtype, device=x2.device)
     n = x2.numel()
-    _tail_kernel[(triton.cdiv(n, BLOCK),)](x2, x2, ms.contiguous(), weight.contiguous(), y, n, D, max(n // D, 1), 0,
+    _tail_kernel[(triton.cdiv(n, BLOCK),)](x2, x2, ms.contiguous(), weight.contiguous(), y, n, D, *row_groups(x2),
                                            float(eps), HAS_RES=False, GPU=not interpret.INTERPRET, BLOCK=BLOCK,
                                            num_warps=4, enable_fp_fusion=False)
     return y
@@ -101,15 +101,15 @@ def row_groups(x: torch.Tensor) -> tuple[int, int] | None:
     return None
 
 
-def rms_norm_nograd(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    residual: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm_nograd(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                    groups: tuple[int, int] | None = None) -> torch.Tensor:
     """The whole RMSNorm of x (..., D) [+ residual] from its inputs (module docstring), `RMSNorm.reference`'s bits.
-    x as `row_groups` takes it (contiguous with a residual), residual contiguous of x's shape; weight (D,) in x's
-    dtype -> (..., D) contiguous in x's dtype."""
+    x as `row_groups` takes it (`groups`: its answer, if the caller has it; contiguous with a residual), residual
+    contiguous of x's shape; weight (D,) in x's dtype -> (..., D) contiguous in x's dtype."""
     n, D = x.numel(), x.shape[-1]
-    R2, S1 = row_groups(x)
+    R2, S1 = groups or row_groups(x)
     r = x if residual is None else residual
-    ms = squares(x, residual).mean(-1, keepdim=True)  # torch's reduction: the reference's order
+    ms = squares(x, residual, (R2, S1)).mean(-1, keepdim=True)  # torch's reduction: the reference's order
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _tail_kernel[(triton.cdiv(n, BLOCK),)](x, r, ms, weight.contiguous(), y, n, D, R2, S1, float(eps),
                                            HAS_RES=residual is not None, GPU=not interpret.INTERPRET, BLOCK=BLOCK,
@@ -117,10 +117,12 @@ def rms_norm_nograd(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return y
 
 
-def squares(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """(x.float() + residual.float())², fp32, contiguous; x as `row_groups` takes it, residual contiguous."""
+def squares(x: torch.Tensor, residual: torch.Tensor | None = None,
+            groups: tuple[int, int] | None = None) -> torch.Tensor:
+    """(x.float() + residual.float())², fp32, contiguous; x as `row_groups` takes it (`groups`), residual
+    contiguous."""
     n, D = x.numel(), x.shape[-1]
-    R2, S1 = row_groups(x)
+    R2, S1 = groups or row_groups(x)
     sq = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     _square_kernel[(triton.cdiv(n, BLOCK),)](x, x if residual is None else residual, sq, n, D, R2, S1,
                                              HAS_RES=residual is not None, BLOCK=BLOCK, num_warps=4,
