@@ -66,3 +66,24 @@ def test_external_pairs_in_the_mismatch_table(tmp_path):
               and line.count("|") == 10)
     assert fw
     assert "| train/gen_kl_error | 0.012 | 0.030 | ceiling | pass |" in text
+
+
+def test_full_model_section_from_its_file_alone(tmp_path):
+    """`minite bench full-model`'s file (not a DAG stage) gets its section: decode per profile against BF16 of the
+    same run, peak memory, the diagnostics; without the file the report has no such section."""
+    from minite_core.report.build import build, section_full_model
+
+    assert section_full_model(tmp_path) == "" and "full-shape" not in build(tmp_path)
+    rows = [{"profile": "bf16", "tokens_per_s": 2000.0, "peak_gb": 64.2},
+            {"profile": "minite", "tokens_per_s": 1900.0, "peak_gb": 124.8}]
+    config = {"model": "qwen3-30b-a3b", "batch": 64, "new_tokens": 128,
+              "model_config": {"num_hidden_layers": 48, "num_experts": 128, "vocab_size": 151936}}
+    write_result(tmp_path / "full_model" / "qwen3-30b-a3b.json", stage="full_model", experiment="t", config=config,
+                 metrics={}, rows=rows, memory={"plan_total_gb": 131.9},
+                 diagnostics={"minite:minite": {"mismatch/k3": 3.1e-3, "mismatch/kl_full_vocab": 3.0e-3,
+                                                "routing/topk_disagree": 0.36, "mismatch/tokens": 1024}})
+    text = section_full_model(tmp_path)
+    assert "48 layers, 128 experts, vocabulary 151,936" in text and "memory plan 131.9 GB" in text
+    assert "| minite | 1,900 | 0.95 | 124.8 |" in text
+    assert "| miniTE ↔ miniTE (aligned) | 3.100e-03 | 3.000e-03 | 0.360 | 1024 |" in text
+    assert text in build(tmp_path)

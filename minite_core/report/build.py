@@ -127,6 +127,34 @@ def section_sampler_throughput(results: Path) -> str:
     return sampler_section(path if path.exists() else None, absent(results, "logs/throughput_sampler.log"))
 
 
+def section_full_model(results: Path) -> str:
+    """A full-shape model on one GPU (`minite bench full-model`, random weights; not a DAG stage: no section
+    without its file)."""
+    files = sorted((results / "full_model").glob("*.json"))
+    if not files:
+        return ""
+    out = "## A full-shape model on one GPU (random weights)\n\n"
+    for path in files:
+        res = _load(path, "full_model")
+        c, env, mem = res["config"], res["env"], res["memory"]
+        mc, rows = c["model_config"], res["rows"]
+        bf16 = next((r["tokens_per_s"] for r in rows if r["profile"] == "bf16"), None)
+        out += (f"`{c['model']}` on {env.get('gpu')} (commit `{env.get('commit')}`): {mc['num_hidden_layers']} layers, "
+                f"{mc.get('num_experts') or 'no'} experts, vocabulary {mc['vocab_size']:,}, weights drawn on the "
+                f"device (numerics only: no checkpoint); memory plan {mem['plan_total_gb']:.1f} GB. Decode of "
+                f"batch {c['batch']} × {c['new_tokens']} new tokens with the fast sampler, BF16 in the same run:\n\n"
+                + _table(["profile", "tokens/s", "× BF16", "peak GB"],
+                         [[r["profile"], f"{r['tokens_per_s']:,.0f}",
+                           f"{r['tokens_per_s'] / bf16:.2f}" if bf16 else None,
+                           None if r.get("peak_gb") is None else f"{r['peak_gb']:.1f}"] for r in rows])
+                + "\nLearner ↔ sampler diagnostics on the same weights:\n\n"
+                + _table(["pair", "k3", "kl_full_vocab", "routing top-k disagree", "tokens"],
+                         [[pair_label(pair), m.get("mismatch/k3"), m.get("mismatch/kl_full_vocab"),
+                           m.get("routing/topk_disagree"), m.get("mismatch/tokens")]
+                          for pair, m in res["diagnostics"].items()]) + "\n")
+    return out
+
+
 def section_kernels(results: Path) -> str:
     res = _load(results / "bench" / "kernels.json", "bench-kernels")
     head = "## Kernel micro-benchmarks (NVFP4 quantize, W4A4 GEMM, decode GEMM)\n\n"
@@ -325,12 +353,12 @@ def section_peers(results: Path) -> str:
 
 
 SECTIONS = [section_header, section_claims, section_kernel_check, section_throughput, section_sampler_throughput,
-            section_kernels, section_quant_error, section_pretrain, section_scale, section_mismatch, section_trace,
+            section_full_model, section_kernels, section_quant_error, section_pretrain, section_scale, section_mismatch, section_trace,
             section_attribution, section_rl, section_eval, section_peers, section_te]
 
 
 def build(results: Path) -> str:
-    return "\n".join(section(results) for section in SECTIONS)
+    return "\n".join(text for section in SECTIONS if (text := section(results)))
 
 
 def main(argv=None) -> int:
