@@ -1,7 +1,8 @@
 """workflow/scripts/h200_rl.sh on CPU, against a tiny experiment: `start` returns at once with the DAG running
 under setsid in $WORK; `status` answers with one line per RL run; `stop` kills the job mid-run and a second
-`start` resumes it — the run's metrics equal an uninterrupted run's (timing aside); `collect` packs the results
-without checkpoints, resume state or eval samples."""
+`start` resumes it — the run's metrics equal an uninterrupted run's (timing aside); `collect` (or the `wait` that
+sees the job end) packs the results without checkpoints, resume state or eval samples; a config's `gpu_name`
+keeps it off other GPUs."""
 from __future__ import annotations
 
 import csv
@@ -72,6 +73,7 @@ def test_start_status_stop_resume_collect(tmp_path):
     _script("start", target, env=env)  # resumes: --rerun-incomplete, the run's state survives
     status = _script("wait", "600", env=env, timeout=700)
     assert "finished, exit 0" in status and "step 10/10  done" in status, status
+    assert (out / "h200rltest-results.tgz").exists(), "the wait that saw the job end did not collect it"
     log = (work / "repo" / "results" / "h200rltest" / "logs" / "rl" / f"{RUN}.log").read_text()
     assert "rl: 10 steps" in log
 
@@ -91,3 +93,20 @@ def test_start_status_stop_resume_collect(tmp_path):
     assert f"results/h200rltest/rl/{RUN}/metrics.csv" in names and f"results/h200rltest/rl/{RUN}/summary.json" in names
     assert not [n for n in names if n.endswith((".safetensors", ".pt")) or "/state" in n or "samples" in n]
     assert RUN in (out / "status.txt").read_text() and (out / "snakemake.log").exists()
+
+
+def test_start_refuses_another_gpu(tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "gpu_name": "H200"}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "WORK": str(tmp_path / "work"), "CONFIG": str(config), "PYTHON": sys.executable,
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", str(SCRIPT), "start"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1 and not (tmp_path / "work" / "repo").exists()
+    assert res.stderr.strip().splitlines() == [
+        f"h200_rl.sh: {config} is for H200 GPUs and this one is NVIDIA H100 80GB HBM3: run it on an H200 "
+        "(ANY_GPU=1 runs it anyway)"]

@@ -9,7 +9,9 @@
 #                                 --rerun-incomplete` on $CONFIG (default target: all); returns at once
 #   h200_rl.sh sweep SWEEP.yaml   the same, but the job is: the DAG up to the base model, then `minite sweep`
 #   h200_rl.sh wait SECONDS       return when the job ends or after SECONDS (keep it < 600 - start-up); a line of
-#                                 progress a minute, then `status`
+#                                 progress a minute, then `status`; a job that has ended is collected into $OUT
+#                                 (when set) by the same command: a machine given back before the next one
+#                                 takes /tmp with it
 #   h200_rl.sh status             job alive / exit code, snakemake's progress and errors, one line per RL run
 #                                 (step, reward, held-out, s/step, ETA); answers in about a second
 #   h200_rl.sh collect            $OUT/<exp>-results.tgz (results/<exp> and results/sweeps without checkpoints,
@@ -24,7 +26,8 @@
 # Env: WORK (/tmp/minite-rl), CONFIG (experiments/h200.yaml), CORES (16), GPU_SLOTS (the config's
 #      gpu_slots: jobs that claim them all, the benchmarks, run alone), PYTHON (python3),
 #      FRESH=1 (start over: drop $WORK/repo/results/<exp>), OUT (collect), MINITE_COMMIT (default: git of $PWD),
-#      TE_ENV (/tmp/te/env.sh: sourced by the job when it exists, i.e. after te_install_h200.sh).
+#      TE_ENV (/tmp/te/env.sh: sourced by the job when it exists, i.e. after te_install_h200.sh),
+#      ANY_GPU=1 (start on a GPU other than the config's `gpu_name`: its results would be labeled as the other's).
 set -uo pipefail
 MODE=${1:?usage: h200_rl.sh start|sweep|wait|status|collect|stop [args]}
 shift
@@ -92,9 +95,35 @@ status() {
     [ -d "$REPO/results/$EXP" ] && (cd "$REPO" && "$PYTHON" workflow/scripts/rl_status.py --results "results/$EXP" --config "$CONFIG" --sweeps)
 }
 
+check_gpu() {  # the config's `gpu_name` (optional) must be in the GPU's name: one experiment, one kind of GPU
+    local want have
+    want=$(cfg_key gpu_name 2>/dev/null) || return 0
+    [ -n "$want" ] && [ "$want" != None ] || return 0
+    have=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    if [ -n "$have" ] && [ "${ANY_GPU:-0}" != 1 ] && [[ "$have" != *"$want"* ]]; then
+        echo "h200_rl.sh: $CONFIG is for $want GPUs and this one is $have: run it on an $want (ANY_GPU=1 runs it anyway)" >&2
+        exit 1
+    fi
+}
+
+collect() {
+    OUT=${OUT:?set OUT to a folder for the outputs}
+    status > "$OUT/status.txt" 2>&1
+    cp "$WORK/snakemake.log" "$OUT/" 2>/dev/null
+    dirs=$(cd "$REPO" && ls -d "results/$EXP" results/sweeps .snakemake/log 2>/dev/null)
+    tar -C "$REPO" -czf "$OUT/$EXP-results.tgz" --exclude='*.safetensors' --exclude='state' --exclude='*.pt' \
+        --exclude='samples' --exclude='*.pt.stale' $dirs
+    size=$(stat -c %s "$OUT/$EXP-results.tgz")
+    if [ "$size" -gt $(( 16 * 1024 * 1024 )) ]; then  # at most 16 MiB a file comes back: split (cat to join)
+        split -b 15m -d "$OUT/$EXP-results.tgz" "$OUT/$EXP-results.tgz.part" && rm "$OUT/$EXP-results.tgz"
+    fi
+    ls -la "$OUT"
+}
+
 case "$MODE" in
   start|sweep)
     EXP=$(exp_name) || exit 1
+    check_gpu
     prepare
     if [ "$MODE" = start ]; then
         launch "$SNAKE ${*:-all}"
@@ -111,23 +140,14 @@ case "$MODE" in
             echo "[$(( $(date +%s) - t0 )) s] $(grep -E "steps \([0-9]+%\) done" "$WORK/snakemake.log" | tail -1)"; next=$(( next + 60 ))
         fi
     done
-    status ;;
+    status
+    if ! alive && [ -f "$WORK/job.rc" ] && [ -n "${OUT:-}" ]; then echo "collecting into $OUT"; collect; fi ;;
   status)
     EXP=$(exp_name) || exit 1
     status ;;
   collect)
     EXP=$(exp_name) || exit 1
-    OUT=${OUT:?set OUT to a folder for the outputs}
-    status > "$OUT/status.txt" 2>&1
-    cp "$WORK/snakemake.log" "$OUT/" 2>/dev/null
-    dirs=$(cd "$REPO" && ls -d "results/$EXP" results/sweeps .snakemake/log 2>/dev/null)
-    tar -C "$REPO" -czf "$OUT/$EXP-results.tgz" --exclude='*.safetensors' --exclude='state' --exclude='*.pt' \
-        --exclude='samples' --exclude='*.pt.stale' $dirs
-    size=$(stat -c %s "$OUT/$EXP-results.tgz")
-    if [ "$size" -gt $(( 16 * 1024 * 1024 )) ]; then  # at most 16 MiB a file comes back: split (cat to join)
-        split -b 15m -d "$OUT/$EXP-results.tgz" "$OUT/$EXP-results.tgz.part" && rm "$OUT/$EXP-results.tgz"
-    fi
-    ls -la "$OUT" ;;
+    collect ;;
   stop)
     if alive; then
         pg=$(cat "$WORK/job.pid"); kill -TERM -- "-$pg"
