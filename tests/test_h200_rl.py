@@ -1,7 +1,7 @@
 """workflow/scripts/h200_rl.sh on CPU, against a tiny experiment: `start` returns at once with the DAG running
 under setsid in $WORK; `status` answers with one line per RL run; `stop` kills the job mid-run and a second
-`start` resumes it — the run's metrics equal an uninterrupted run's (timing aside); `collect` (or the `wait` that
-sees the job end) packs the results without checkpoints, resume state or eval samples; a config's `gpu_name`
+`start` resumes it — the run's metrics equal an uninterrupted run's (timing aside); `collect` (which every
+`wait` ends with) packs the results without checkpoints, resume state or eval samples; a config's `gpu_name`
 keeps it off other GPUs."""
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_start_status_stop_resume_collect(tmp_path):
     _script("start", target, env=env)  # resumes: --rerun-incomplete, the run's state survives
     status = _script("wait", "600", env=env, timeout=700)
     assert "finished, exit 0" in status and "step 10/10  done" in status, status
-    assert (out / "h200rltest-results.tgz").exists(), "the wait that saw the job end did not collect it"
+    assert (out / "h200rltest-results.tgz").exists(), "the wait did not collect"
     log = (work / "repo" / "results" / "h200rltest" / "logs" / "rl" / f"{RUN}.log").read_text()
     assert "rl: 10 steps" in log
 

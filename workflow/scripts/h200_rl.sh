@@ -9,9 +9,9 @@
 #                                 --rerun-incomplete` on $CONFIG (default target: all); returns at once
 #   h200_rl.sh sweep SWEEP.yaml   the same, but the job is: the DAG up to the base model, then `minite sweep`
 #   h200_rl.sh wait SECONDS       return when the job ends or after SECONDS (keep it < 600 - start-up); a line of
-#                                 progress a minute, then `status`; a job that has ended is collected into $OUT
-#                                 (when set) by the same command: a machine given back before the next one
-#                                 takes /tmp with it
+#                                 progress a minute, then `status`, then `collect` when $OUT is set: every
+#                                 command brings back what is finished, so a machine given back before the next
+#                                 command (it takes /tmp with it) loses only the runs still going
 #   h200_rl.sh status             job alive / exit code, snakemake's progress and errors, one line per RL run
 #                                 (step, reward, held-out, s/step, ETA); answers in about a second
 #   h200_rl.sh collect            $OUT/<exp>-results.tgz (results/<exp> and results/sweeps without checkpoints,
@@ -141,7 +141,7 @@ case "$MODE" in
         fi
     done
     status
-    if ! alive && [ -f "$WORK/job.rc" ] && [ -n "${OUT:-}" ]; then echo "collecting into $OUT"; collect; fi ;;
+    if [ -n "${OUT:-}" ]; then echo "collecting into $OUT"; collect > /dev/null; fi ;;
   status)
     EXP=$(exp_name) || exit 1
     status ;;
