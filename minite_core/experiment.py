@@ -146,6 +146,16 @@ def _te_mode(errors, path, name):
         errors.append(f"config: {path}: unknown TE mode {learner_mode(name)!r}; one of {', '.join(sorted(MODES))}")
 
 
+def _te_row(errors, path, name):
+    """A real-TE learner bench row `te:<mode>[+grouped]` (bench/learner_te.py): a mode TE can run that way."""
+    from minite_core.bench.learner_te import te_row
+
+    try:
+        te_row(name)
+    except ValueError as e:
+        errors.append(f"config: {path}: {e}")
+
+
 def _vllm_mode(errors, path, name):
     """A real-vLLM sampler `vllm:<mode>` (RL runs): the mode must be a vLLM mode."""
     from minite_core.peers.vllm_rollout import MODES, sampler_mode
@@ -185,7 +195,7 @@ def _check_profiles(config, errors):
     for key in ("throughput", "eval", "scale"):
         for i, name in enumerate((config.get(key) or {}).get("profiles", [])):
             if key == "throughput" and name.startswith("te:"):  # a real-TE row (bench/learner.py)
-                _te_mode(errors, f"{key}.profiles[{i}]", name)
+                _te_row(errors, f"{key}.profiles[{i}]", name)
                 continue
             if key == "throughput":  # `<profile>+fused+lowmem`: expert GEMM knobs on (bench/learner.py checks them)
                 name = name.split("+")[0]
