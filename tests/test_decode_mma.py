@@ -242,6 +242,13 @@ def test_gpu_grouped_equals_the_per_expert_reference():
         with decode_mma.off():
             y_t = dispatch.grouped_decode_gemm(xr, packed, offs, act=act, amax=amax, out_dtype=torch.float32)
         assert ((y - y_t).norm() / y_t.norm()).item() < REL_TOL, act
+    # W4A4: x̂ once (`quantize_rows`) or quantized by every block while staged: the same bits
+    act, amax = Quant(scale_mode="row"), xr.float().abs().amax(1)
+    sched = dispatch.grouped_decode_schedule(offs, xr.shape[0])
+    y_once = decode_mma.grouped_packed_gemm_mma(xr, packed, offs, sched, act=act, amax=amax, out_dtype=torch.float32)
+    y_fused = decode_mma.grouped_packed_gemm_mma(xr, packed, offs, sched, act=act, amax=amax, out_dtype=torch.float32,
+                                                 config={"rows_quant_min": 1 << 30})
+    assert torch.equal(y_once, y_fused)
 
 
 @gpu

@@ -196,8 +196,8 @@ def _launch(x, w, sw, act, amax, x_scale, grouped, m, n, k, stride_swe, out_dtyp
     if act is not None and x.dtype != torch.bfloat16:
         raise ValueError(f"the mma kernel's fused quantizer reads bf16 activations, got {x.dtype}")
     cfg = dict(CONFIG, **(config or {}))
-    if (act is not None and not grouped and m >= cfg["rows_quant_min"]
-            and (act.scale_mode == "row" or amax is not None)):  # x̂ once, not once a block (CONFIG)
+    if (act is not None and m >= cfg["rows_quant_min"]
+            and (act.scale_mode == "row" or amax is not None)):  # x̂ once, not once a block (CONFIG; MoE: a layout row)
         x, x_scale = quantize_rows(x, act, amax)
         act = amax = None
     x = x.to(torch.bfloat16)
