@@ -353,8 +353,8 @@ def section_peers(results: Path) -> str:
 
 
 SECTIONS = [section_header, section_claims, section_kernel_check, section_throughput, section_sampler_throughput,
-            section_full_model, section_kernels, section_quant_error, section_pretrain, section_scale, section_mismatch, section_trace,
-            section_attribution, section_rl, section_eval, section_peers, section_te]
+            section_full_model, section_kernels, section_quant_error, section_pretrain, section_scale,
+            section_mismatch, section_trace, section_attribution, section_rl, section_eval, section_peers, section_te]
 
 
 def build(results: Path) -> str:
