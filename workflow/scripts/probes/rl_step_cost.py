@@ -26,7 +26,7 @@ from minite_core.experiment import rl_runs
 from minite_core.rule_args import run_options
 
 config_path, steps, out, *names = sys.argv[1:]
-config, steps, out = yaml.safe_load(open(config_path)), int(steps), Path(out)
+config, steps, out = yaml.safe_load(Path(config_path).read_text()), int(steps), Path(out)
 validate(config, "workflow/schemas/config.schema.yaml")  # the defaults the Snakefile's config gets
 runs = rl_runs(config)
 unknown = [n for n in names if n not in runs]
@@ -43,8 +43,8 @@ for name in names:
             "--out", str(out / "rl" / name), "--name", name, "--learner", spec["learner"], "--sampler",
             spec["sampler"], "--correction", spec["correction"], "--threads", "1", "--no-progress"]
            + run_options(config, seed=spec["seed"]).split() + ["--config-json", json.dumps(section)])
-    procs[name] = subprocess.Popen(cmd, stdout=open(out / f"{name}.log", "w"), stderr=subprocess.STDOUT,
-                                   env=os.environ)
+    with (out / f"{name}.log").open("w") as log:  # the child keeps its own descriptor
+        procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
 codes = {name: p.wait() for name, p in procs.items()}
 wall = time.time() - t0
 report = {"config": config_path, "steps": steps, "wall_s": round(wall, 1), "exit": codes, "runs": {}}
