@@ -84,6 +84,20 @@ def test_quantize_odd_shapes(m, k):
 
 
 @cpu_kernels
+@pytest.mark.parametrize("mode,rounding,rht", [("row", "rne", False), ("tensor", "sr", False), ("tensor", "rne", True),
+                                               ("row", "rne", True)])
+def test_quantize_prefetch_is_the_same_bits(mode, rounding, rht):
+    """The loops that load a tile ahead (prefetch) give the default's bits: several K tiles and a masked tail."""
+    x = _input(17, 272, torch.bfloat16, seed=3)
+    kw = dict(scale_mode=mode, rounding=rounding, rht=rht, seed=5 if rounding == "sr" else None, emit_dq=True,
+              block_k=32)
+    t_sut, dq_sut = quantize_triton(x, prefetch=True, **kw)
+    kw.pop("block_k")
+    t_ref, dq_ref = quantize_reference(x.cpu(), **kw)
+    _same(t_sut, t_ref, dq_sut, dq_ref)
+
+
+@cpu_kernels
 def test_quantize_edge_hand_cases():
     # static amax 2688 -> S_enc = 1, block amax 6 -> sf = 1: the values are their own scaled values
     x = torch.tensor([[0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.1, -0.0, 6.0, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0]])
@@ -398,9 +412,11 @@ def test_gpu_quantize_bitexact_large(block, mode, math, rht):
     if not CUDA:
         pytest.skip("needs a CUDA GPU (none visible)")
     x = _input(512, 4096, torch.bfloat16, seed=7)
-    t_sut, dq_sut = quantize_triton(x, block=block, scale_mode=mode, math=math, rht=rht, emit_dq=True)
     t_ref, dq_ref = quantize_reference(x, block=block, scale_mode=mode, math=math, rht=rht, emit_dq=True)
-    _same(t_sut, t_ref, dq_sut, dq_ref)
+    for prefetch in (False, True):
+        t_sut, dq_sut = quantize_triton(x, block=block, scale_mode=mode, math=math, rht=rht, emit_dq=True,
+                                        prefetch=prefetch)
+        _same(t_sut, t_ref, dq_sut, dq_ref)
 
 
 test_gpu_quantize_bitexact_large = pytest.mark.gpu(test_gpu_quantize_bitexact_large)

@@ -44,6 +44,10 @@ def bench_quantize(rec, m=16384, k=4096, reps=30, sweep=False):
         "quantize-1x16-tensor-dynamic-rht": dict(rht=True),
         "quantize-1x16-row-dynamic+dq": dict(scale_mode="row", emit_dq=True),
     }
+    # the same kernels loading each K tile one iteration ahead (kernels/quantize.py PREFETCH_DEFAULT), beside them
+    variants.update({f"{name}+prefetch": dict(variants[name], prefetch=True) for name in (
+        "quantize-1x16-row-dynamic", "quantize-1x16-row-dynamic+dq", "quantize-1x16-tensor-static",
+        "quantize-1x16-tensor-static-sr", "quantize-16x16-tensor-static")})
     for name, kw in variants.items():
         def run(kw=kw, name=name):
             f = lambda: quantize_triton(x, check=False, **kw)  # noqa: E731

@@ -58,6 +58,11 @@ ONE_SIXTH_FP32 = tl.constexpr(0.1666666716337204)  # fp32(1/6), the reference's 
 # H200 sweep, 1x16 row-dynamic on 16384x4096 bf16: (8, 256, 4) 0.197 ms; (16, 512, 8) 0.204; (32, 256, 8) 0.219;
 # (4, 512, 4) 0.229; (16, 256, 4) 0.211-0.253; (16, 128, 4) 0.265.
 BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 8, 256, 4
+# Each K loop loads its next tile before it works on the current one (`prefetch`): the same bits, twice the bytes in
+# flight at the same occupancy (sm_90 SASS of the row-dynamic + dq variant: 104 -> 127 registers, still 4 blocks of
+# 128 threads an SM; 501 -> 504 instructions a tile). ncu found the kernel latency-bound (23% occupancy, DRAM 47%).
+# Off until the bench's `+prefetch` rows (bench/kernels.py) measure it against the default on the GPU.
+PREFETCH_DEFAULT = False
 SCALE_SRC = {"tensor": 0, "row": 1, "row-dyn": 2, "col-seg": 3}
 
 
@@ -90,14 +95,25 @@ def _rht16(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+def _load_raw(x_ptr, rows, cols, M, K, stride_xm, stride_xk):
+    """x's tile in its own dtype (zeros outside [M, K]): what a loop loads one tile ahead of its use."""
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :].to(tl.int64) * stride_xk
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _prep(raw, RHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    x = raw.to(tl.float32)
     if RHT:
         x = _rht16(x, BLOCK_M, BLOCK_K)
     return x
+
+
+@triton.jit
+def _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    return _prep(_load_raw(x_ptr, rows, cols, M, K, stride_xm, stride_xk), RHT, BLOCK_M, BLOCK_K)
 
 
 @triton.jit
@@ -243,6 +259,7 @@ def _quantize_kernel(
     M, K, stride_xm, stride_xk, seed, row0, col0,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TWO_D: tl.constexpr, SCALE_SRC: tl.constexpr,
     FAST: tl.constexpr, SR: tl.constexpr, SEG_SEED: tl.constexpr, RHT: tl.constexpr, EMIT_DQ: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     # M = rows, K = reduction dim, NB = BLOCK_K // 16 scale blocks per tile row; (row0, col0) = sr_origin
     NB: tl.constexpr = BLOCK_K // 16
@@ -253,8 +270,16 @@ def _quantize_kernel(
     # ---- global scale per row (BM,) or per 16-block (col-seg, loaded in the K loop)
     if SCALE_SRC == 2:  # dynamic per-row amax: first pass over K
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if PREFETCH:
+            nxt = _load_raw(x_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
         for k0 in range(0, K, BLOCK_K):
-            x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
+            if PREFETCH:
+                raw = nxt
+                nxt = _load_raw(x_ptr, rows, k0 + BLOCK_K + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
+                x = _prep(raw, RHT, BLOCK_M, BLOCK_K)
+            else:
+                x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M,
+                               BLOCK_K)
             amax = _max_nan(amax, amax_nan(x, 1))
     elif SCALE_SRC == 1:
         amax = tl.load(amax_ptr + rows, mask=rmask, other=1.0)
@@ -274,10 +299,17 @@ def _quantize_kernel(
             seed_r = seed
             ctr_row = (rows.to(tl.int64) + row0)[:, None] << 32  # global row of a shard (sr_origin)
 
-    # ---- quantize pass
+    # ---- quantize pass; the next tile is loaded before this one is worked on (PREFETCH: more bytes in flight)
+    if PREFETCH:
+        nxt = _load_raw(x_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
-        x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)  # (BM, BK) fp32
+        if PREFETCH:
+            raw = nxt
+            nxt = _load_raw(x_ptr, rows, cols + BLOCK_K, M, K, stride_xm, stride_xk)  # past K: masked, no traffic
+            x = _prep(raw, RHT, BLOCK_M, BLOCK_K)
+        else:
+            x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)  # (BM, BK) fp32
         bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
         if TWO_D:  # 16x16 tile amax, replicated on the tile's 16 rows (BLOCK_M == 16)
             bamax = tl.broadcast_to(tl.reduce(bamax, 0, _max_nan)[None, :], [BLOCK_M, NB])
@@ -426,13 +458,15 @@ def quantize_triton(
     block_m: int = BLOCK_M_DEFAULT,
     block_k: int = BLOCK_K_DEFAULT,
     num_warps: int = NUM_WARPS_DEFAULT,
+    prefetch: bool = PREFETCH_DEFAULT,
 ) -> tuple[ref.NVFP4Tensor, torch.Tensor | None]:
     """Launcher. Returns (NVFP4Tensor, bf16 e2m1(q)*sf [M, K] or None). Same arguments as the reference's
     `quantize` (`seed` = the Philox stream of rounding="sr"), plus `rht` / `emit_dq`, and for the MoE:
     `amax` of shape [M] with scale_mode="row" = one static amax per row; `col_amax` [K/16] = one amax per
     16-column block ("col-seg"; the returned global_scale is then empty: the caller owns the per-segment S_dec);
     `seg_seed` = (seeds int64, indices int64) per row — or per column with col_amax — for rounding="sr";
-    `sr_origin` = (row, column) of x[0, 0] in the tensor x is a shard of (the reference's; column % 4 == 0)."""
+    `sr_origin` = (row, column) of x[0, 0] in the tensor x is a shard of (the reference's; column % 4 == 0);
+    `prefetch`: load each K tile one iteration ahead (PREFETCH_DEFAULT)."""
     if four_over_six != "off":
         raise NotImplementedError("4over6 block-scale selection has no Triton kernel yet: run it with "
                                   "MINITE_KERNELS=reference (formats/four_over_six.py)")
@@ -475,6 +509,6 @@ def quantize_triton(
         x, data, scale.view(torch.uint8), sdec, dq, amax_t, seeds, index,
         m, k, *_strides(x), 0 if seed is None else int(seed), row0, col0,
         BLOCK_M=bm, BLOCK_K=bk, TWO_D=two_d, SCALE_SRC=src, FAST=math == "fast", SR=rounding == "sr",
-        SEG_SEED=seg_seed is not None, RHT=rht, EMIT_DQ=emit_dq, num_warps=num_warps,
+        SEG_SEED=seg_seed is not None, RHT=rht, EMIT_DQ=emit_dq, PREFETCH=prefetch, num_warps=num_warps,
     )
     return ref.NVFP4Tensor(data=data, scale=scale, global_scale=sdec), (dq if emit_dq else None)
