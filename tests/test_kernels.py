@@ -19,6 +19,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 triton = pytest.importorskip("triton")
+tl = triton.language
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available()
 cpu_kernels = pytest.mark.skipif(not (INTERPRETED or CUDA),
@@ -26,6 +27,7 @@ cpu_kernels = pytest.mark.skipif(not (INTERPRETED or CUDA),
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none visible)")]
 
 from minite_core.formats import nvfp4 as ref  # noqa: E402
+from minite_core.formats.e2m1 import e2m1_encode_sr  # noqa: E402
 from minite_core.formats.swizzle import unswizzle_scales  # noqa: E402
 from minite_core.formats.rht import rht as rht_ref  # noqa: E402
 from minite_core.kernels import dispatch, native  # noqa: E402
@@ -34,7 +36,7 @@ from minite_core.kernels import grouped as GG  # noqa: E402
 from minite_core.kernels import reference as R  # noqa: E402
 from minite_core.kernels.decode import decode_gemm_triton  # noqa: E402
 from minite_core.kernels.operands import DqOperand  # noqa: E402
-from minite_core.kernels.quantize import block_amax, quantize_triton, row_amax  # noqa: E402
+from minite_core.kernels.quantize import _sr_magnitude, block_amax, quantize_triton, row_amax  # noqa: E402
 from minite_core.kernels.reference import decode_gemm_reference, quantize_reference  # noqa: E402
 from minite_core.profiles import Quant  # noqa: E402
 
@@ -295,6 +297,57 @@ def test_sr_codes_equal_reference_philox_stream():
     x = _input(32, 64, torch.bfloat16, seed=8)
     for seed in (0, 7, 2**47 + 5):
         _same(quantize_triton(x, rounding="sr", seed=seed)[0], quantize_reference(x.cpu(), rounding="sr", seed=seed)[0])
+
+
+@cpu_kernels
+def test_sr_codes_at_the_grid_edges_equal_reference():
+    """Stochastic rounding at every grid point, one ulp either side, the midpoints, subnormals and just below 6,
+    with the scale 1 (static amax 2688, a 6 in every block): the codes of both Triton quantizers equal the
+    reference's for several streams (the by-region `_sr_magnitude` against formats/e2m1.py's searchsorted)."""
+    from minite_core.kernels.quantize_cols import quantize_cols_triton
+
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    up, down = torch.nextafter(grid, torch.tensor(7.0)), torch.nextafter(grid, torch.tensor(-1.0)).clamp(min=0)
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.999999, 1e-40, 1e-45, 0.1, 2.9999998, 3.9999998])
+    vals = torch.cat([grid, up, down, mids])
+    vals = torch.cat([vals, -vals])
+    n = (len(vals) + 59) // 60 * 60  # whole rows of 4 blocks
+    vals = torch.cat([vals, torch.rand(n - len(vals), generator=torch.Generator().manual_seed(1)) * 6])
+    x = torch.cat([vals.view(-1, 15), torch.full((n // 15, 1), 6.0)], 1).reshape(-1, 64).repeat(8, 1)
+    for seed in (0, 3, 2**40 + 1):
+        want = quantize_reference(x, amax=2688.0, rounding="sr", seed=seed)[0]
+        assert want.scale.float().eq(1.0).all()
+        _same(quantize_triton(x.to(DEV), amax=2688.0, rounding="sr", seed=seed)[0], want)
+        xt = x.t().contiguous().to(DEV)  # the along-token quantizer's xᵀ is x
+        _same(quantize_cols_triton(xt, amax=torch.tensor(2688.0, device=DEV), rounding="sr", seed=seed)[0], want)
+
+
+@triton.jit
+def _sr_probe(a_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + i, mask=i < n, other=0.0)
+    u = tl.load(u_ptr + i, mask=i < n, other=0.0)
+    tl.store(out_ptr + i, _sr_magnitude(a, u), mask=i < n)
+
+
+@cpu_kernels
+def test_sr_magnitude_at_its_decision_boundaries():
+    """The kernels' stochastic rounding decides as the reference at every draw that matters: for each magnitude
+    (grid points, one ulp either side, midpoints, subnormals, just below 6), u = 0, u just below, at and just above
+    the round-up probability, and u just below 1."""
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    a = torch.cat([grid, torch.nextafter(grid, torch.tensor(7.0)), torch.nextafter(grid[1:], torch.tensor(0.0)),
+                   torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.999999, 1e-40, 1e-45, 0.1, 7.0])])
+    vals = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    lo_idx = (torch.searchsorted(vals, a.clamp(max=6.0), right=True) - 1).clamp(0, 6)
+    p_up = (a.clamp(max=6.0) - vals[lo_idx]) / (vals[lo_idx + 1] - vals[lo_idx])
+    us = [torch.zeros_like(a), p_up, torch.nextafter(p_up, torch.tensor(-1.0)).clamp(min=0),
+          torch.nextafter(p_up, torch.tensor(2.0)).clamp(max=0.99999994), torch.full_like(a, 0.99999994)]
+    a, u = a.repeat(len(us)), torch.cat(us)
+    out = torch.empty(len(a), dtype=torch.int32, device=DEV)
+    _sr_probe[(1,)](a.to(DEV), u.to(DEV), out, len(a), BLOCK=triton.next_power_of_2(len(a)))
+    want = e2m1_encode_sr(a, uniforms=u) & 7
+    assert out.cpu().tolist() == want.int().tolist()
 
 
 @cpu_kernels

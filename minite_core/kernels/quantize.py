@@ -184,15 +184,19 @@ def _uniforms(seed, ctr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _sr_magnitude(a, u):
-    """Stochastic rounding of |v| = a (fp32) with uniforms u: round up with probability (a - lo) / (hi - lo)."""
+    """Stochastic rounding of |v| = a (fp32) with uniforms u: round up with probability (a - lo) / (hi - lo).
+    By region, as `_e2m1_rne`: the grid step is a power of two (1/2 below 2, 1 below 4, 2 up to 6), so
+    lo = floor(a / step) · step, a - lo (Sterbenz: lo >= step) and (a - lo) / step are exact — the reference's values
+    (formats/e2m1.py `e2m1_encode_sr`) without its six threshold compares. A NaN gets code 7 (its block's scale is
+    NaN: it decodes to NaN whatever its code)."""
     a = tl.minimum(a, 6.0)
-    lo_c = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)
-            + (a >= 2.0).to(tl.int32) + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32))
-    lo = _e2m1_mag(lo_c)
-    hi = _e2m1_mag(lo_c + 1)
-    p_up = (a - lo) / (hi - lo)  # hi - lo is a power of two: exact either way
-    mag = lo_c + (u < p_up).to(tl.int32)
-    return tl.where(a >= 6.0, 7, mag)
+    small, mid = a < 2.0, a < 4.0
+    step = tl.where(small, 0.5, tl.where(mid, 1.0, 2.0))
+    inv = tl.where(small, 2.0, tl.where(mid, 1.0, 0.5))
+    f = tl.floor(a * inv)  # the index of lo in its region: 0..3
+    p_up = (a - f * step) * inv
+    mag = f.to(tl.int32) + tl.where(small, 0, tl.where(mid, 2, 4)) + (u < p_up).to(tl.int32)
+    return tl.where(a < 6.0, mag, 7)
 
 
 @triton.jit
