@@ -20,28 +20,20 @@ Bit-exactness with `formats.nvfp4.quantize` (tests compare codes and scales with
   `div.full.f32`, ~2 ulp); no a*b+c pattern exists, so FMA contraction cannot change a result;
 - the E4M3 cast is done arithmetically (RNE on the fp32 bits for normals, `(v + 2^14) - 2^14` for the 2^-9
   subnormal grid) and the byte is assembled by hand, so neither the interpreter's nor the GPU's fp8 cast matters;
-- E2M1 rounds by region instead of the reference's seven threshold compares (`formats/e2m1.py`), with the same
-  result: the grid is {0, .5, 1, 1.5, 2} (step 1/2), {3, 4} (step 1), {6} (step 2), and ties-to-even *code* is
-  round-half-even of |v| / step (0.25->0, 1.25->1, 2.5->2, 3.5->4, 5->4), done with the fp32 magic-number
-  trick (y + 2^23) - 2^23 (the scalings are powers of two, so FMA contraction cannot change it) — about half the
-  instructions (the quantizer is instruction-bound: ncu on the H200, 64% SM throughput vs 49% DRAM, 80 registers);
-  the RHT uses the reference's butterfly order;
+- E2M1 rounds by region instead of the reference's threshold compares (`formats/e2m1.py`), same result: the grid
+  is {0, .5, 1, 1.5, 2} (step 1/2), {3, 4} (step 1), {6} (step 2); RNE's ties-to-even *code* is round-half-even of
+  |v| / step with the fp32 magic number (y + 2^23) - 2^23, SR's lo is floor(|v| / step) · step (powers of two:
+  exact); the RHT uses the reference's butterfly order;
 - non-finite input (the hot path skips the reference's check): every amax is a NaN-propagating max (`amax_nan`:
   `tl.max` drops NaN on the GPU, `max.NaN.f32` costs the same), a non-finite amax makes S_dec NaN and a block
   whose amax (or S_enc) is not finite gets the E4M3 NaN scale 0x7F (`block_scales`), as in the reference: an Inf
   never becomes a finite value, and S_dec = NaN is the per-tensor flag nn/nonfinite.py reads once a step;
-- stochastic rounding draws `tl.randint4x(seed, (row << 32) + col // 4)` (output col % 4; one Philox call per 4
-  elements: the SR variant measured 0.61 ms with one call per element), which `formats.philox.uniform_grid`
-  reproduces bit for bit, so SR codes are equal too. With `seg_seed` the seed and the row (or, in "col-seg", the
-  column) index come per row/column from arrays: each MoE expert draws from its own stream with expert-local
-  indices, exactly as the per-expert reference does (segments are 16-aligned, so a group of 4 columns never
-  straddles two experts).
+- stochastic rounding draws `tl.randint4x(seed, (row << 32) + col // 4)` (output col % 4: one Philox call per 4
+  elements), which `formats.philox.uniform_grid` reproduces bit for bit. With `seg_seed` the seed and the row (or,
+  in "col-seg", the column) index come per row/column from arrays: each MoE expert draws from its own stream with
+  expert-local indices, as the per-expert reference does (16-aligned segments: no group of 4 straddles two).
 
-KERNELS notes (H200, results/h200/bench/kernels.json, x = 16384x4096 bf16, medians of one run, the previous
-version of this kernel): D2D copy 0.072 ms (3.73 TB/s). 1x16 row-dynamic 0.21-0.25 ms, tensor-dynamic 0.28 ms,
-16x16 0.56 ms, SR 0.75 ms, RHT 0.28 ms: 17-34% of copy bandwidth, instruction-bound (7 compares per element for
-E2M1, reshape-reductions for the block amax). Tile sweep (row-dynamic): (BLOCK_M, BLOCK_K, warps) = (16, 256, 4)
-0.208 ms best; (4, 512, 4) 0.226; (8, 256, 4) 0.250; (16, 512, 8) 0.246; (32, 256, 8) 0.260; (16, 128, 4) 0.265.
+Measured speeds, tile sweeps and what limits each variant: results/h200/bench/NOTES.md (rows 6, 7, 12, 34, 35).
 """
 from __future__ import annotations
 
@@ -54,14 +46,10 @@ from minite_core.kernels import interpret  # noqa: F401  (patches Triton's inter
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 ONE_SIXTH_FP32 = tl.constexpr(0.1666666716337204)  # fp32(1/6), the reference's _ONE_SIXTH
-# Tile defaults; the bench's sweep (bench/kernels.py "quantize-tile") re-measures them on the GPU.
-# H200 sweep, 1x16 row-dynamic on 16384x4096 bf16: (8, 256, 4) 0.197 ms; (16, 512, 8) 0.204; (32, 256, 8) 0.219;
-# (4, 512, 4) 0.229; (16, 256, 4) 0.211-0.253; (16, 128, 4) 0.265.
+# Tile defaults: the best of the bench's H200 sweep (bench/kernels.py "quantize-tile": 0.197 ms at 16384x4096).
 BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 8, 256, 4
-# Each K loop loads its next tile before it works on the current one (`prefetch`): the same bits, twice the bytes in
-# flight at the same occupancy (sm_90 SASS of the row-dynamic + dq variant: 104 -> 127 registers, still 4 blocks of
-# 128 threads an SM; 501 -> 504 instructions a tile). ncu found the kernel latency-bound (23% occupancy, DRAM 47%).
-# Off until the bench's `+prefetch` rows (bench/kernels.py) measure it against the default on the GPU.
+# `prefetch`: each K loop loads its next tile before it works on the current one, the same bits with twice the bytes
+# in flight (NOTES row 34); off until the bench's `+prefetch` rows measure it against the default on the GPU.
 PREFETCH_DEFAULT = False
 SCALE_SRC = {"tensor": 0, "row": 1, "row-dyn": 2, "col-seg": 3}
 
@@ -111,9 +99,15 @@ def _prep(raw, RHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr):
-    return _prep(_load_raw(x_ptr, rows, cols, M, K, stride_xm, stride_xk), RHT, BLOCK_M, BLOCK_K)
+def _k_tile(x_ptr, rows, k0, nxt, M, K, stride_xm, stride_xk, PREFETCH: tl.constexpr, RHT: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A K loop's step: (the fp32 tile at k0, what the loop carries). With PREFETCH `nxt` is that tile, loaded one
+    step ahead, and the tile at k0 + BLOCK_K is loaded now (past K: masked, no traffic); else `nxt` is a dummy."""
+    if PREFETCH:
+        raw, nxt = nxt, _load_raw(x_ptr, rows, k0 + BLOCK_K + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
+    else:
+        raw = _load_raw(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
+    return _prep(raw, RHT, BLOCK_M, BLOCK_K), nxt
 
 
 @triton.jit
@@ -274,16 +268,9 @@ def _quantize_kernel(
     # ---- global scale per row (BM,) or per 16-block (col-seg, loaded in the K loop)
     if SCALE_SRC == 2:  # dynamic per-row amax: first pass over K
         amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if PREFETCH:
-            nxt = _load_raw(x_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
+        nxt = _load_raw(x_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk) if PREFETCH else rows
         for k0 in range(0, K, BLOCK_K):
-            if PREFETCH:
-                raw = nxt
-                nxt = _load_raw(x_ptr, rows, k0 + BLOCK_K + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
-                x = _prep(raw, RHT, BLOCK_M, BLOCK_K)
-            else:
-                x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M,
-                               BLOCK_K)
+            x, nxt = _k_tile(x_ptr, rows, k0, nxt, M, K, stride_xm, stride_xk, PREFETCH, RHT, BLOCK_M, BLOCK_K)
             amax = _max_nan(amax, amax_nan(x, 1))
     elif SCALE_SRC == 1:
         amax = tl.load(amax_ptr + rows, mask=rmask, other=1.0)
@@ -303,17 +290,11 @@ def _quantize_kernel(
             seed_r = seed
             ctr_row = (rows.to(tl.int64) + row0)[:, None] << 32  # global row of a shard (sr_origin)
 
-    # ---- quantize pass; the next tile is loaded before this one is worked on (PREFETCH: more bytes in flight)
-    if PREFETCH:
-        nxt = _load_raw(x_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk)
+    # ---- quantize pass
+    nxt = _load_raw(x_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk) if PREFETCH else rows
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
-        if PREFETCH:
-            raw = nxt
-            nxt = _load_raw(x_ptr, rows, cols + BLOCK_K, M, K, stride_xm, stride_xk)  # past K: masked, no traffic
-            x = _prep(raw, RHT, BLOCK_M, BLOCK_K)
-        else:
-            x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)  # (BM, BK) fp32
+        x, nxt = _k_tile(x_ptr, rows, k0, nxt, M, K, stride_xm, stride_xk, PREFETCH, RHT, BLOCK_M, BLOCK_K)
         bamax = amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2)  # (BM, NB)
         if TWO_D:  # 16x16 tile amax, replicated on the tile's 16 rows (BLOCK_M == 16)
             bamax = tl.broadcast_to(tl.reduce(bamax, 0, _max_nan)[None, :], [BLOCK_M, NB])
@@ -364,7 +345,7 @@ def _row_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, RHT: tl.conste
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = _load_tile(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
+        x, _ = _k_tile(x_ptr, rows, k0, rows, M, K, stride_xm, stride_xk, False, RHT, BLOCK_M, BLOCK_K)
         amax = _max_nan(amax, amax_nan(x, 1))
     tl.store(amax_ptr + rows, amax, mask=rows < M)
 
@@ -383,8 +364,7 @@ def _block_amax_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_xk, RHT: tl.const
     NB: tl.constexpr = BLOCK_K // 16
     pid_m, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    x = _load_tile(x_ptr, rows, cols, M, K, stride_xm, stride_xk, RHT, BLOCK_M, BLOCK_K)
+    x, _ = _k_tile(x_ptr, rows, pid_k * BLOCK_K, rows, M, K, stride_xm, stride_xk, False, RHT, BLOCK_M, BLOCK_K)
     bamax = tl.reduce(amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2), 0, _max_nan)  # (NB,)
     bcols = pid_k * NB + tl.arange(0, NB)
     tl.store(out_ptr + pid_m.to(tl.int64) * (K // 16) + bcols, bamax, mask=bcols < K // 16)
