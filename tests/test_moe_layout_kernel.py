@@ -1,7 +1,7 @@
 """The one-launch MoE layout kernel (kernels/moe_layout.py) vs the torch layout (`nn.moe_layout.moe_layout_reference`):
 every field bitwise (torch.equal, same dtype and shape), random and hand-made routings.
 
-CPU: the kernel runs under TRITON_INTERPRET=1 (set here before triton is first imported, as tests/test_kernels.py
+CPU: the kernel runs under TRITON_INTERPRET=1 (set here before triton is first imported, as tests/kernel_cases.py
 does). GPU (`-m gpu`): the same cases compiled for CUDA, and `moe_layout` captured in a CUDA graph and replayed on
 new routings.
 """
