@@ -345,7 +345,7 @@ def _row_amax_kernel(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, RHT: tl.conste
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x, _ = _k_tile(x_ptr, rows, k0, rows, M, K, stride_xm, stride_xk, False, RHT, BLOCK_M, BLOCK_K)
+        x = _prep(_load_raw(x_ptr, rows, k0 + tl.arange(0, BLOCK_K), M, K, stride_xm, stride_xk), RHT, BLOCK_M, BLOCK_K)
         amax = _max_nan(amax, amax_nan(x, 1))
     tl.store(amax_ptr + rows, amax, mask=rows < M)
 
@@ -364,7 +364,8 @@ def _block_amax_kernel(x_ptr, out_ptr, M, K, stride_xm, stride_xk, RHT: tl.const
     NB: tl.constexpr = BLOCK_K // 16
     pid_m, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    x, _ = _k_tile(x_ptr, rows, pid_k * BLOCK_K, rows, M, K, stride_xm, stride_xk, False, RHT, BLOCK_M, BLOCK_K)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    x = _prep(_load_raw(x_ptr, rows, cols, M, K, stride_xm, stride_xk), RHT, BLOCK_M, BLOCK_K)
     bamax = tl.reduce(amax_nan(tl.reshape(x, [BLOCK_M, NB, 16]), 2), 0, _max_nan)  # (NB,)
     bcols = pid_k * NB + tl.arange(0, NB)
     tl.store(out_ptr + pid_m.to(tl.int64) * (K // 16) + bcols, bamax, mask=bcols < K // 16)
