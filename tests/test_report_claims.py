@@ -236,3 +236,7 @@ def test_header_groups_envs_and_names_stages(tmp_path):
     text = section_header(tmp_path)
     assert "- results from 2 commits: `aaaaaaa`, `bbbbbbb`\n" in text
     assert "- ran on: GPU-X; torch 2.0; commit `bbbbbbb`: te\n" in text and text.count("- ran on:") == 2
+    _env_file(tmp_path / "extra", "probe", "ccccccc")  # probes: apart, not counted as the results' commits
+    text = section_header(tmp_path)
+    assert "- results from 2 commits: `aaaaaaa`, `bbbbbbb`\n" in text and "ccccccc" not in text
+    assert "- `extra/`: probes beside the results above, at 1 commit of their own" in text

@@ -45,20 +45,34 @@ def _img(results: Path, path: Path, alt: str) -> str:
     return f"![{alt}]({path.relative_to(results)})\n" if path.exists() else ""
 
 
-def _env_groups(results: Path) -> dict[tuple, list[str]]:
-    """(gpu, torch, commit) -> the stages (top-level folders) whose results files record that env, in file order."""
-    groups: dict[tuple, list[str]] = {}
-    for p in sorted(results.rglob("*.json")):
-        if "previous" in p.relative_to(results).parts:  # runs set aside by --restart (runs/state.py)
+PROBES = "extra"  # measurements beside the DAG's (each with its command in the experiment's README): read by no section
+
+
+def _envs(folder: Path):
+    """(path, env) of every results file under folder that records its env, in file order; runs set aside by
+    --restart (runs/state.py, `previous/`) left out."""
+    for p in sorted(folder.rglob("*.json")):
+        if "previous" in p.relative_to(folder).parts:
             continue
         try:
             env = json.loads(p.read_text()).get("env")
         except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
             continue
         if isinstance(env, dict):
-            stage = p.relative_to(results).parts[0] if len(p.relative_to(results).parts) > 1 else p.name
-            stages = groups.setdefault((env.get("gpu"), env.get("torch"), env.get("commit")), [])
-            stages += [stage] if stage not in stages else []
+            yield p, env
+
+
+def _env_groups(results: Path) -> dict[tuple, list[str]]:
+    """(gpu, torch, commit) -> the stages (top-level folders) whose results files record that env, in file order;
+    the probes (PROBES) apart."""
+    groups: dict[tuple, list[str]] = {}
+    for p, env in _envs(results):
+        parts = p.relative_to(results).parts
+        if parts[0] == PROBES:
+            continue
+        stage = parts[0] if len(parts) > 1 else p.name
+        stages = groups.setdefault((env.get("gpu"), env.get("torch"), env.get("commit")), [])
+        stages += [stage] if stage not in stages else []
     return groups
 
 
@@ -75,6 +89,11 @@ def section_header(results: Path) -> str:
         lines.append(f"- results from {len(commits)} commits: " + ", ".join(f"`{c}`" for c in commits))
     for (gpu, torch, commit), stages in groups.items():
         lines.append(f"- ran on: {gpu}; torch {torch}; commit `{commit}`: {', '.join(stages)}")
+    probes = list(dict.fromkeys(env.get("commit") for _, env in _envs(results / PROBES)))
+    if probes:
+        lines.append(f"- `{PROBES}/`: probes beside the results above, at {len(probes)} commit{'s' * (len(probes) > 1)} "
+                     "of their own, read by no section of this report (the experiment's README.md gives each one's "
+                     "command)")
     lines += ["",
               "- **Real:** our Qwen3-MoE model (transformers parity-tested), the NVFP4 quantizers (bit-exact to "
               "DESIGN.md, tested against an independent oracle), the exact W4A4 GEMM (dequantize to bf16 + bf16 "
