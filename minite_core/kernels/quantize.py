@@ -49,7 +49,7 @@ ONE_SIXTH_FP32 = tl.constexpr(0.1666666716337204)  # fp32(1/6), the reference's 
 # Tile defaults: the best of the bench's H200 sweep (bench/kernels.py "quantize-tile": 0.197 ms at 16384x4096).
 BLOCK_M_DEFAULT, BLOCK_K_DEFAULT, NUM_WARPS_DEFAULT = 8, 256, 4
 # `prefetch`: each K loop loads its next tile before it works on the current one, the same bits with twice the bytes
-# in flight (NOTES row 34); off until the bench's `+prefetch` rows measure it against the default on the GPU.
+# in flight; off: 1.03-1.09x on the round-to-nearest rows, 0.95-0.97x on SR (NOTES row 34, the `+prefetch` rows).
 PREFETCH_DEFAULT = False
 SCALE_SRC = {"tensor": 0, "row": 1, "row-dyn": 2, "col-seg": 3}
 

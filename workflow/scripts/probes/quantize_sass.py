@@ -6,7 +6,7 @@ KEY is one of the kernel's constexprs (BLOCK_M=8 BLOCK_K=256 SCALE_SRC=2 FAST=Fa
 EMIT_DQ=True PREFETCH=False ...) or num_warps=4. The arguments are specialized as a launch on a contiguous bf16
 tensor specializes them (unit column stride, 16-divisible pointers, K and row stride). A loop body's count over the
 BLOCK_M * BLOCK_K / (32 * num_warps) elements a thread holds is its instructions an element; registers set the blocks
-an SM holds (65,536 / (registers * threads a block)). bench/NOTES.md rows 34-35 quote its output."""
+an SM holds (65,536 / (registers * threads a block)). bench/NOTES.md rows 34-36 quote its output."""
 import collections
 import re
 import subprocess
