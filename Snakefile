@@ -33,9 +33,9 @@ RESULTS = f"results/{EXP}"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/kernels.smk"
-include: "workflow/rules/throughput.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/throughput.smk"  # after pretrain: the sampler bench may time the RL base model
 include: "workflow/rules/scale.smk"
 include: "workflow/rules/rl.smk"
 include: "workflow/rules/diagnostics.smk"

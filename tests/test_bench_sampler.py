@@ -81,6 +81,21 @@ def test_targets_on_measured_rows():
     assert not any("weight-bound batch 1: minite >=" in t for t in checks)  # cached-bf16 weights: no byte target
 
 
+def test_model_shape_targets():
+    """The RL base model ("model" shape, an MoE): NVFP4 >= 0.9x bf16 at batch 64, packed >= 1.5x at batch <= 16."""
+    rows = [{"profile": p, "shape": "model", "batch": b, "tokens_per_s": v} for p, b, v in [
+        ("bf16", 1, 1000.0), ("minite-packed", 1, 1600.0), ("minite", 1, 700.0), ("bf16", 16, 10_000.0),
+        ("minite-packed", 16, 12_000.0), ("bf16", 64, 30_000.0), ("minite", 64, 28_000.0),
+        ("minite-packed", 64, 26_000.0), ("bf16", 256, 90_000.0), ("minite-packed", 256, 50_000.0)]]
+    checks = {c["target"]: c["met"] for c in bench.check_targets(rows, cuda=True)["checks"]}
+    assert checks["model batch 1: minite-packed >= 1.5x bf16"] is True
+    assert checks["model batch 16: minite-packed >= 1.5x bf16"] is False  # 1.2
+    assert checks["model batch 64: minite >= 0.9x bf16"] is True  # 0.93
+    assert checks["model batch 64: minite-packed >= 0.9x bf16"] is False  # 0.87
+    assert not any(t.startswith(("model batch 64: minite-packed >= 1.5x", "model batch 256")) for t in checks)
+    assert not any(t.startswith("model batch 1: minite >=") for t in checks)  # cached bf16 weights: no byte target
+
+
 def test_decode_bytes_count_the_profile_weights():
     """bench.decode_bytes on a dense model: bf16 reads 2 B a weight, a packed profile 0.5625 B a quantized one and
     its LM head in bf16 (an fp32 head over bf16 parameters is one bf16 piece), the KV cache whole."""

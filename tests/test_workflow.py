@@ -269,6 +269,25 @@ def test_h200_experiment_is_what_issue_38_asks():
         assert not runs or {"bf16", "minite", "te-nvfp4"} <= runs
 
 
+def test_h200_benches_measure_every_target():
+    """The H200 benches time what their targets read: every NVFP4 sampler profile, cached and packed, on the
+    RL base model's shape too (the MoE decode target), and each row's kernels (the learner's quantize share)."""
+    import yaml
+
+    from minite_core.bench.sampler import NVFP4, PACKED
+
+    cfg = yaml.safe_load((ROOT / "experiments" / "h200.yaml").read_text())
+    sampler = cfg["sampler_bench"]
+    assert set(NVFP4 + PACKED) <= set(sampler["profiles"]) and sampler["profiles"][0] == "bf16"
+    assert {"rl", "weight-bound", "model"} <= set(sampler["shapes"])
+    assert sampler["op_profile"] and cfg["throughput"]["op_profile"]
+    res = subprocess.run([*SNAKEMAKE, "-n", "-p", "throughput_sampler", "--configfile", "experiments/h200.yaml"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "minite bench sampler --out results/h200/throughput/sampler.json --model results/h200/pretrain/model" \
+        in res.stdout
+
+
 def test_holds_dry_run_name_their_jobs(tmp_path):
     """`snakemake hold_<name>`: a hold runs what it names and what that needs (data, kernels check, base model),
     nothing else; the RL base model's size is SFT'd by the pretrain rule, the other sizes by scale_pretrain."""

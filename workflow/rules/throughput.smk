@@ -8,6 +8,8 @@
 import shlex
 
 BENCH_MODEL = f"--model {shlex.quote(MODEL)}" if MODEL else ""
+# the sampler bench's "model" shape (sampler_bench.shapes): your model, else the experiment's RL base model
+SAMPLER_MODEL = MODEL or (BASE_MODEL if "model" in config.get("sampler_bench", {}).get("shapes", ()) else None)
 
 
 rule throughput:
@@ -48,6 +50,7 @@ rule throughput_sampler:
     # run (minite_core/bench/sampler.py). CPU smoke: config "tiny", seconds; H200: config "h200".
     input:
         kernels=rules.kernels_check.output.json,
+        model=[SAMPLER_MODEL] if SAMPLER_MODEL and not MODEL else [],  # its config.json: the shape, random weights
         params=stamp(
             RESULTS,
             "throughput_sampler",
@@ -68,7 +71,7 @@ rule throughput_sampler:
     params:
         run=RUN,
         config=section_json(config, "sampler_bench"),
-        model=BENCH_MODEL,
+        model=f"--model {shlex.quote(SAMPLER_MODEL)}" if SAMPLER_MODEL else "",
     shell:
         "minite bench sampler --out {output.json} {params.model} {params.run} "
         "--config-json {params.config:q} > {log} 2>&1"
