@@ -74,3 +74,46 @@ def test_learner_section_unchanged_without_op_profile(tmp_path):
     assert "Kernels of one" not in text
     assert text == "## Learner-update throughput: BF16 vs TE-NVFP4 vs miniTE\n\n" + REPORT_NOTE + "\n" \
         + throughput_table(res)
+
+
+def _kernels(ms: float, launches: int, top: list[tuple[str, float]], **groups) -> dict:
+    return {"batch": 1, "kernels_per_step": launches, "kernel_ms_per_step": ms,
+            "top": [{"kernel": k, "calls_per_step": 1, "ms_per_step": v} for k, v in top],
+            **({"group_ms_per_step": groups} if groups else {})}
+
+
+def test_missed_learner_target_names_its_measured_limit():
+    """miniTE 0.60× BF16 with 70 of its 300 kernel ms in quantize passes: the rest (230 ms) alone exceeds the
+    0.80× target's 225 ms, so the line says the quantize passes are not the limit; a met target has no line."""
+    res = _learner({"bf16": _kernels(180.0, 1500, [("gemm", 120.0)]),
+                    "minite": _kernels(300.0, 2700, [("_quantize_kernel", 40.0), ("gemm", 130.0)], quantize=70.0)})
+    check = {"target": "miniTE ≥ 0.80× BF16 tokens/s (aim 0.90×)", "value": 0.6, "met": False}
+    res["targets"] = {"applicable": True, "checks": [check]}
+    text = throughput_table(res)
+    assert "The target allows 225.0 ms" in text and "70.0 ms separate quantize passes + 230.0 ms the rest" in text
+    assert "not the quantize passes, are the limit" in text
+    res["op_profile"]["minite"]["group_ms_per_step"]["quantize"] = 80.0  # rest 220 ms: fusing would do it
+    assert "fused away the rest (220.0 ms) fits it" in throughput_table(res)
+    check["met"] = True
+    assert "Measured limit" not in throughput_table(res)
+
+
+def test_missed_sampler_target_names_its_measured_limit():
+    """Weight-bound batch 1, packed 2× target: bf16 1.8 ms of kernels, packed 1.1 ms = 0.55 ms GEMMs + 0.55 ms
+    rest; the target allows 0.9 ms, so the GEMMs would need 0.35 ms (1.57× faster), above their copy time."""
+    from minite_core.report.tables import sampler_table
+
+    rows = [{"profile": p, "shape": "weight-bound", "batch": 1, "engine": "fast", "tokens_per_s": v,
+             "p20_tokens_per_s": v, "p80_tokens_per_s": v, "step_ms": 1e3 / v, "speedup_vs_bf16": v / 550.0,
+             "weight_bytes_per_step": b} for p, v, b in [("bf16", 550.0, 3.4e9), ("minite-packed", 800.0, 1.1e9)]]
+    check = {"target": "weight-bound batch 1: minite-packed >= 2.0x bf16", "value": 1.45, "met": False}
+    res = {"config": {"prompt_len": 32, "new_tokens": 128, "reps": 5}, "env": {"gpu": "H200"}, "rows": rows,
+           "ceilings": {"copy_gbps": 4000.0}, "targets": {"applicable": True, "checks": [check]},
+           "op_profile": {"weight-bound/bf16": _kernels(1.8, 330, [("nvjet", 1.2)]),
+                          "weight-bound/minite-packed": _kernels(1.1, 270, [("nvfp4_decode_mma<1>", 0.55)])}}
+    text = sampler_table(res)
+    assert "0.550 ms packed GEMMs + 0.550 ms the rest" in text and "The target allows 0.900 ms" in text
+    assert "the packed GEMMs in ≤ 0.350 ms, 1.57× faster than measured" in text
+    assert "the packed weights take 0.225 ms at the copy bandwidth" in text  # 2.3e9 · 0.5625 / 1.4375 / 4e12
+    res["op_profile"]["weight-bound/minite-packed"]["top"][0]["ms_per_step"] = 0.2  # rest 0.9 ms: no room left
+    assert "these, not the GEMMs, are the limit" in sampler_table(res)

@@ -78,7 +78,7 @@ def throughput_table(res: dict | str | Path) -> str:
                           f"{_fmt_spec(r['scaling_efficiency'], '.3f')}" for r in res["rows"]) + "."]
     t = res.get("targets", {})
     if t.get("checks"):
-        lines += _checks_lines(t)
+        lines += _checks_lines(t) + _learner_limits(res)
     elif "met" in t:  # results written before the targets became a list of checks
         marks = ["—" if ok is None else ("met" if ok else "**missed**") for ok in t["met"]]
         scope = "" if t.get("applicable") else " (CPU smoke run: targets apply to the H200 run only)"
@@ -147,6 +147,31 @@ def throughput_section(res: dict | str | Path | None, missing: str = "_not run_"
                  "profiler's overhead is in the wall clock, not in the kernel durations).\n\n"
                  + kernel_tables(res["op_profile"], {r["profile"]: r["step_ms"] for r in res["rows"]}))
     return text
+
+
+_VS_BF16 = re.compile(r"miniTE ≥ ([\d.]+)× BF16 tokens/s")
+
+
+def _learner_limits(res: dict) -> list[str]:
+    """For a missed miniTE-vs-BF16 target with op profiles of both rows: miniTE's kernel time split into its
+    separate quantize passes and the rest, against the time the target allows (bf16's over the ratio)."""
+    ops = res.get("op_profile") or {}
+    mine, base = ops.get("minite"), ops.get("bf16")
+    miss = [ch for ch in res["targets"]["checks"] if ch["met"] is False and _VS_BF16.match(ch["target"])]
+    if not miss or not mine or not base or "quantize" not in mine.get("group_ms_per_step", {}):
+        return []
+    ratio = float(_VS_BF16.match(miss[0]["target"]).group(1))
+    quant = mine["group_ms_per_step"]["quantize"]
+    rest, allowed = mine["kernel_ms_per_step"] - quant, base["kernel_ms_per_step"] / ratio
+    top = ", ".join(f"{_kernel_name(r['kernel'], 40)} {_ms(r['ms_per_step'])} ms" for r in mine["top"][:3]
+                    if not is_annotation(r["kernel"]))
+    need = (f"with the quantize passes fused away the rest ({_ms(rest)} ms) fits it" if rest <= allowed else
+            f"even with the quantize passes fused away the rest ({_ms(rest)} ms) is {rest / allowed:.2f}× it: the "
+            "GEMMs and the other kernels, not the quantize passes, are the limit")
+    return ["", f"Measured limit of *{miss[0]['target']}* (`--op-profile`, kernel time of one update): miniTE's "
+            f"{_ms(mine['kernel_ms_per_step'])} ms of kernels in {mine['kernels_per_step']:,.0f} launches = "
+            f"{_ms(quant)} ms separate quantize passes + {_ms(rest)} ms the rest (top: {top}); BF16's "
+            f"{_ms(base['kernel_ms_per_step'])} ms. The target allows {_ms(allowed)} ms: {need}."]
 
 
 # ---- kernel tables (`--op-profile` of the benches) ---------------------------------------------------------------
@@ -248,8 +273,68 @@ def sampler_table(res: dict) -> str:
                          f"{_fmt_spec(r.get('fast_speedup_vs_reference'), ',.1f')} |")
     t = res.get("targets", {})
     if t.get("checks"):
-        lines += _checks_lines(t, ",.2f")
+        lines += _checks_lines(t, ",.2f") + _sampler_limits(res)
     return "\n".join(lines) + "\n"
+
+
+_TARGET_ROW = re.compile(r"(rl|weight-bound|model) batch (\d+): (\S+) >= ([\d.]+)x bf16$")
+_PACKED_GEMM = ("nvfp4_decode",)  # the packed decode GEMMs (kernels/decode_mma.cu), dense and grouped
+_ACT_QUANT = ("nvfp4_quantize_rows", "_row_amax")  # a W4A4 profile's activation quantization before them
+
+
+def _sampler_limits(res: dict) -> list[str]:
+    """For each missed ratio target whose rows have an op profile (one eager decode step's kernels): the NVFP4
+    step's kernel time split into packed GEMMs, activation quantization and the rest, against the time the target
+    allows (bf16's kernel time over the ratio) — which part would have to shrink, and by how much."""
+    ops, out = res.get("op_profile") or {}, []
+    for ch in res["targets"]["checks"]:
+        m = _TARGET_ROW.match(ch["target"]) if ch["met"] is False else None
+        if not m:
+            continue
+        shape, batch, profile, ratio = m.group(1), int(m.group(2)), m.group(3), float(m.group(4))
+        key = (lambda p: p) if shape == "rl" else (lambda p: f"{shape}/{p}" + ("" if batch == 1 else f"/b{batch}"))
+        mine, base = ops.get(key(profile)), ops.get(key("bf16"))
+        if not mine or not base or mine.get("batch", batch) != batch:
+            continue
+
+        def ms(parts):  # kernel_table keeps its top entries: the GEMMs and quantizers are among them
+            return sum(r["ms_per_step"] for r in mine["top"] if any(x in r["kernel"] for x in parts))
+        gemm, quant = ms(_PACKED_GEMM), ms(_ACT_QUANT)
+        rest = mine["kernel_ms_per_step"] - gemm - quant
+        allowed = base["kernel_ms_per_step"] / ratio
+        floor = _packed_copy_ms(res, shape, batch, profile)  # the packed weights at the copy bandwidth
+        split = (f"{_ms(gemm)} ms packed GEMMs" + (f" + {_ms(quant)} ms activation quantization" if quant else "")
+                 + f" + {_ms(rest)} ms the rest (norms, attention, routing, LM head, sampling)")
+        if gemm and floor:
+            split += (f"; the packed weights take {_ms(floor)} ms at the copy bandwidth ({100 * floor / gemm:.0f}% "
+                      "of their measured time)")
+        left = allowed - rest - quant
+        if not gemm:
+            need = "its GEMMs are not packed NVFP4 ones: the target is for the bytes the packed profiles save"
+        elif left > (floor or 0.0):
+            need = (f"the packed GEMMs in ≤ {_ms(left)} ms, {gemm / left:.2f}× faster than measured, with the rest "
+                    "as measured")
+        else:
+            need = (f"the rest and the quantization ({_ms(rest + quant)} ms) leave the GEMMs "
+                    + (f"{_ms(left)} ms, below their copy time: these, not the GEMMs, are the limit" if left > 0 else
+                       "no time: these, not the GEMMs, are the limit"))
+        out.append(f"- *{ch['target']}*: {profile}'s step {_ms(mine['kernel_ms_per_step'])} ms of kernels in "
+                   f"{mine['kernels_per_step']:.0f} launches = {split}; bf16's {_ms(base['kernel_ms_per_step'])} ms "
+                   f"in {base['kernels_per_step']:.0f}. The target allows {_ms(allowed)} ms: {need}.")
+    return ["", "Measured limits of the missed ratio targets (`--op-profile`, kernel time of one eager decode "
+            "step):", "", *out] if out else []
+
+
+def _packed_copy_ms(res: dict, shape: str, batch: int, profile: str) -> float | None:
+    """Milliseconds the packed GEMMs' weight bytes take at the run's copy bandwidth. A packed row reads 0.5625 B
+    a quantized weight where bf16's reads 2 B, and the same bytes for everything else (bench.decode_bytes), so the
+    quantized weights' packed bytes are 0.5625 / 1.4375 of the two rows' difference."""
+    copy = (res.get("ceilings") or {}).get("copy_gbps")
+    by = {r["profile"]: r.get("weight_bytes_per_step") for r in res["rows"]
+          if r["shape"] == shape and r["batch"] == batch and r.get("tokens_per_s")}
+    if not copy or not by.get(profile) or not by.get("bf16"):
+        return None
+    return (by["bf16"] - by[profile]) * 0.5625 / 1.4375 / (copy * 1e9) * 1e3
 
 
 def _checks_lines(t: dict, spec: str = ".3f") -> list[str]:
