@@ -117,3 +117,37 @@ def test_missed_sampler_target_names_its_measured_limit():
     assert "the packed weights take 0.225 ms at the copy bandwidth" in text  # 2.3e9 · 0.5625 / 1.4375 / 4e12
     res["op_profile"]["weight-bound/minite-packed"]["top"][0]["ms_per_step"] = 0.2  # rest 0.9 ms: no room left
     assert "these, not the GEMMs, are the limit" in sampler_table(res)
+
+
+def test_missed_bandwidth_target_names_the_gemms_share():
+    """bf16 at the weight-bound shape, batch 1: 3.2 GB of weights in 1.0 ms of cuBLAS GEMMs is 3,200 GB/s, 80% of a
+    4,000 GB/s copy; a 1.6 ms step misses 70% (1.14 ms allowed) by the rest and the gaps between kernels."""
+    from minite_core.report.tables import sampler_table
+
+    row = {"profile": "bf16", "shape": "weight-bound", "batch": 1, "engine": "fast", "tokens_per_s": 625.0,
+           "p20_tokens_per_s": 625.0, "p80_tokens_per_s": 625.0, "step_ms": 1.6, "speedup_vs_bf16": 1.0,
+           "weight_bytes_per_step": 3.2e9, "kv_bytes_per_step": 0.0}
+    check = {"target": "weight-bound batch 1: bf16 >= 70% of copy bandwidth", "value": 0.5, "met": False}
+    res = {"config": {"prompt_len": 32, "new_tokens": 128, "reps": 5}, "env": {"gpu": "H200"}, "rows": [row],
+           "ceilings": {"copy_gbps": 4000.0}, "targets": {"applicable": True, "checks": [check]},
+           "op_profile": {"weight-bound/bf16": _kernels(1.4, 330, [("nvjet_sm90_tst", 0.9), ("splitKreduce", 0.1)])}}
+    text = sampler_table(res)
+    assert "1.0 ms cuBLAS GEMMs (the weights at 3,200 GB/s, 80% of copy) + 0.400 ms the rest" in text
+    assert "the target allows 1.1 ms a step" in text and "(0.600 ms) are what is over" in text
+
+
+def test_decode_gemm_target_reads_the_fastest_packed_op():
+    """M <= 16, N = K >= 4096 only; the fastest packed op of the shape; a miss says what bandwidth 2.5× needs."""
+    from minite_core.report.tables import decode_gemm_target
+
+    def row(op, shape, speedup, bw):
+        return {"op": op, "shape": shape, "time_ms": 0.01, "speedup": speedup, "bw_frac": bw}
+    rows = [row("decode-bf16-cublas", "M1 N8192 K8192", None, 0.9), row("decode-w4a16-mma", "M1 N8192 K8192", 2.0, 0.5),
+            row("decode-w4a4-mma", "M1 N8192 K8192", 1.5, 0.4), row("decode-bf16-cublas", "M1 N4096 K4096", None, 0.6),
+            row("decode-w4a16-mma", "M1 N4096 K4096", 2.6, 0.45), row("decode-bf16-cublas", "M32 N8192 K8192", None, 0.9),
+            row("decode-w4a16-mma", "M32 N8192 K8192", 1.0, 0.3)]
+    text = decode_gemm_target(rows)
+    assert "- M1 N8192 K8192: `decode-w4a16-mma` 2.00× (**missed**); it streams its bytes at 50% of the copy " \
+           "bandwidth, cuBLAS at 90%: 2.5× needs 62%" in text
+    assert "- M1 N4096 K4096: `decode-w4a16-mma` 2.60× (met)" in text and "M32" not in text
+    assert decode_gemm_target([]) == ""

@@ -136,7 +136,7 @@ def test_rl_size_rule():
     assert report_scale.pick_rl_size(rows(("13m", 13e6, 0.0)))[0] is None
 
 
-def test_report_scale_section_figure_and_claim_c(tmp_path):
+def test_report_scale_section_figure_and_claim_c(tmp_path, monkeypatch):
     exp = tmp_path / "exp"
     _size(exp, "13m", 13_945_344, {"minite": 0.061, "te-nvfp4": 0.07, "vllm-nvfp4": 0.09}, steps=150)
     _size(exp, "517m", 519_450_240, {"minite": 0.012, "te-nvfp4": 0.02, "vllm-nvfp4": 0.03})
@@ -156,6 +156,12 @@ def test_report_scale_section_figure_and_claim_c(tmp_path):
     assert claims._scale(exp) == ("on a base model of 0.83 B parameters (size `827m`: minite -0.4 ± 1.0 points from "
                                   "BF16 before RL): ")
     assert "![NVFP4's cost against model size](scale/drop_vs_params.png)" in report_scale.section_scale(exp)
+    monkeypatch.setenv("MINITE_COMMIT", "0ld0000")  # RL runs of another commit: another base model, no row theirs
+    write_result(exp / "rl" / "bf16__bf16__none" / "summary.json", stage="rl", experiment="t", config={}, metrics={})
+    text = report_scale.section_scale(exp)
+    assert "The RL runs (commit `0ld0000`) started from an earlier base model than pretrain/ (commit" in text
+    assert "RL base" not in text and report_scale.rl_base_params(exp) is None
+    assert claims._scale(exp).startswith("on an earlier base model than the size sweep's")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "_not run_" in report_scale.section_scale(empty) and report_scale.draw(empty) is None

@@ -17,7 +17,8 @@ from minite_core.report.common import absent, fmt as _fmt, load as _load, table 
 from minite_core.report.external import external_rows, section_external
 from minite_core.report.rl import base_models, claim_c, load_summaries, pair_results, pair_table, unfinished
 from minite_core.report.scale import draw as draw_scale, section_scale
-from minite_core.report.tables import eval_table, quant_error_table, sampler_section, throughput_section
+from minite_core.report.tables import (decode_gemm_target, eval_table, quant_error_table, sampler_section,
+                                       throughput_section)
 from minite_core.report.te import claim_agreement, section_te
 
 PAIR_LABELS = {
@@ -176,11 +177,14 @@ def section_kernels(results: Path) -> str:
     if res is None:
         return head + ("_not run for this experiment_ (GPU only: the kernels stage runs them on CUDA; the H200 "
                        "run is in results/h200/bench/)\n")
-    rows = [[r["op"], r["shape"], r.get("time_ms"), r.get("baseline"), r.get("baseline_time_ms"), r.get("speedup")]
+    rows = [[r["op"], r["shape"], r.get("time_ms"), r.get("baseline"), r.get("baseline_time_ms"), r.get("speedup"),
+             None if r.get("bw_frac") is None else round(100 * r["bw_frac"])]
             for r in res["rows"] if isinstance(r.get("time_ms"), (int, float))]
     return (head + f"Median times on {res['env'].get('gpu')}; each baseline measured in the same run; speedup = "
-            "baseline time / time (> 1 is faster than the baseline).\n\n"
-            + _table(["op", "shape", "time (ms)", "baseline", "baseline (ms)", "speedup"], rows))
+            "baseline time / time (> 1 is faster than the baseline); % copy BW = the op's bytes over its time "
+            "against the device-to-device copy measured in the same run.\n\n"
+            + _table(["op", "shape", "time (ms)", "baseline", "baseline (ms)", "speedup", "% copy BW"], rows)
+            + decode_gemm_target(res["rows"]))
 
 
 def section_quant_error(results: Path) -> str:
