@@ -154,12 +154,17 @@ def _scale(results: Path) -> str:
 
 
 def _sampler_ratios(res: dict) -> str:
-    """× BF16 decode tokens/s of each profile at the largest batch of the RL shape."""
-    rows = [r for r in res["rows"] if r.get("shape") == "rl" and r.get("speedup_vs_bf16") is not None]
+    """× BF16 decode tokens/s of each profile at the largest batch of the experiment's RL model (the "model" shape,
+    which the DAG times on the RL base model's config), else of the small RL shape."""
+    rows = {s: [r for r in res["rows"] if r.get("shape") == s and r.get("speedup_vs_bf16") is not None]
+            for s in ("model", "rl")}
+    shape = "model" if rows["model"] else "rl"
+    rows = rows[shape]
     if not rows:
         return "sampler: no RL-shape rows"
     batch = max(r["batch"] for r in rows)
-    return f"sampler (RL shape, batch {batch}) × BF16: " + ", ".join(
+    name = "the RL model's shape" if shape == "model" else "RL shape"
+    return f"sampler ({name}, batch {batch}) × BF16: " + ", ".join(
         f"{r['profile']} {r['speedup_vs_bf16']:.2f}" for r in rows if r["batch"] == batch and r["profile"] != "bf16")
 
 
