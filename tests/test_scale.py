@@ -156,12 +156,21 @@ def test_report_scale_section_figure_and_claim_c(tmp_path, monkeypatch):
     assert claims._scale(exp) == ("on a base model of 0.83 B parameters (size `827m`: minite -0.4 ± 1.0 points from "
                                   "BF16 before RL): ")
     assert "![NVFP4's cost against model size](scale/drop_vs_params.png)" in report_scale.section_scale(exp)
-    monkeypatch.setenv("MINITE_COMMIT", "0ld0000")  # RL runs of another commit: another base model, no row theirs
-    write_result(exp / "rl" / "bf16__bf16__none" / "summary.json", stage="rl", experiment="t", config={}, metrics={})
+    # RL runs of an earlier base model (a results folder assembled from runs of different commits): their final
+    # checkpoint's shape names their model, and no row of the sweep is theirs
+    import json
+
+    from minite_core.model import PRESETS
+
+    monkeypatch.setenv("MINITE_COMMIT", "0ld0000")
+    run = exp / "rl" / "bf16__bf16__none"
+    write_result(run / "summary.json", stage="rl", experiment="t", config={}, metrics={})
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text(json.dumps(PRESETS["tiny-moe"].to_hf()))
     text = report_scale.section_scale(exp)
-    assert "The RL runs (commit `0ld0000`) started from an earlier base model than pretrain/ (commit" in text
-    assert "RL base" not in text and report_scale.rl_base_params(exp) is None
-    assert claims._scale(exp).startswith("on an earlier base model than the size sweep's")
+    assert "The RL runs (`0ld0000`) started from another base model (" in text and "than pretrain/ (0.83 B" in text
+    assert "RL base;" not in text and report_scale.rl_base_params(exp) < 1e6
+    assert claims._scale(exp).startswith("on a base model of ") and "size `" not in claims._scale(exp)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "_not run_" in report_scale.section_scale(empty) and report_scale.draw(empty) is None

@@ -8,10 +8,10 @@ most DROP_BUDGET (the point estimate); when none is, the largest measured (the o
 experiment config names the RL model's size explicitly (`pretrain.size`); the section says whether it is the one
 the rule picks.
 
-Which row the RL runs rest on: the size whose parameter count equals the RL base model's (pretrain/pretrain.json),
-when the RL runs were made at that file's commit; RL runs of another commit started from another base model (one
-experiment's results assembled from machine holds can hold both), and then no row is theirs. That row's claim (c)
-cell is report/rl.py's `claim_c_verdict` on this experiment's RL runs: the same rule at any scale.
+Which row the RL runs rest on: the size whose parameter count equals the RL runs' model's (their final
+checkpoints' config.json: RL keeps the shape; pretrain/pretrain.json without them). A results folder assembled from
+runs of different commits can hold RL runs of an earlier base model than pretrain/: the section says so. That row's
+claim (c) cell is report/rl.py's `claim_c_verdict` on this experiment's RL runs: the same rule at any scale.
 """
 from __future__ import annotations
 
@@ -70,22 +70,40 @@ def _base(row: dict) -> str:
 
 
 def rl_base_params(results: Path) -> int | None:
-    """The parameter count of the base model the RL runs started from (pretrain/pretrain.json); None when it was
-    not trained here, or when the RL runs come from another commit (rl_base_other)."""
+    """The parameter count of the model the RL runs started from: their final checkpoints' shape (RL keeps it),
+    else the base model's (pretrain/pretrain.json); None when neither was made here."""
+    rl = _rl_params(results)
+    if rl is not None:
+        return rl
     res = load(results / "pretrain" / "pretrain.json", "pretrain")
-    return None if res is None or rl_base_other(results) else res["metrics"].get("num_parameters")
+    return None if res is None else res["metrics"].get("num_parameters")
+
+
+def _rl_params(results: Path) -> int | None:
+    """Parameters of the RL runs' model from rl/<run>/final/config.json (the meta device: no weights read)."""
+    configs = sorted((results / "rl").glob("*/final/config.json"))
+    if not configs:
+        return None
+    import torch
+
+    from minite_core.model import CausalLM
+    from minite_core.model.io import read_model_config
+
+    with torch.device("meta"):
+        return CausalLM(read_model_config(configs[-1].parent)).num_parameters()
 
 
 def rl_base_other(results: Path) -> str | None:
-    """Where the RL runs were made at commits other than pretrain/'s (so from an earlier base model, whose size the
-    runs do not record): one sentence naming both; else None."""
+    """Where the RL runs' model is not pretrain/'s (a results folder assembled from runs of different commits): one
+    sentence naming both; else None."""
     res = load(results / "pretrain" / "pretrain.json", "pretrain")
-    runs = sorted({c for s in load_summaries(results) if (c := (s.get("env") or {}).get("commit"))})
-    base = None if res is None else (res.get("env") or {}).get("commit")
-    if base is None or not runs or runs == [base]:
+    rl = _rl_params(results)
+    if res is None or rl is None or rl == res["metrics"].get("num_parameters"):
         return None
-    return (f"The RL runs (commit {', '.join(f'`{c}`' for c in runs)}) started from an earlier base model than "
-            f"pretrain/ (commit `{base}`): no row of this table is theirs.")
+    commits = sorted({c for s in load_summaries(results) if (c := (s.get("env") or {}).get("commit"))})
+    return (f"The RL runs ({', '.join(f'`{c}`' for c in commits)}) started from another base model "
+            f"({params_text(rl)} parameters) than pretrain/ ({params_text(res['metrics']['num_parameters'])}, "
+            f"`{(res.get('env') or {}).get('commit')}`).")
 
 
 def _claim_c_cell(results: Path) -> str:
@@ -154,15 +172,14 @@ def section_scale(results: Path) -> str:
     pick, why = pick_rl_size(rows)
     rl = rl_base_params(results)
     rl_size = next((r["metrics"]["size"] for r in rows if r["metrics"]["num_parameters"] == rl), None)
-    if rl_base_other(results):
-        chosen = rl_base_other(results)
-    elif rl is None:
+    if rl is None:
         chosen = "No RL base model was trained in this experiment."
     elif rl_size is None:
         chosen = f"The RL base model ({params_text(rl)}) is none of these sizes."
     else:
         chosen = f"The RL runs start from size `{rl_size}`" + (", the one the rule picks." if rl_size == pick else
                                                                ", not the rule's pick.")
+    chosen += f" {rl_base_other(results)}" if rl_base_other(results) else ""
     figure = results / "scale" / FIGURE
     return (HEAD + "\n\n"
             "Each size is a Qwen3-MoE SFT'd by the same recipe into the same held-out band (`minite pretrain`; "
