@@ -31,7 +31,7 @@ from pathlib import Path
 from minite_core.profiles import PROFILES
 from minite_core.report.common import NOT_RUN, fmt, load, table, vllm_peer_dir
 from minite_core.report.rl import claim_c_verdict, load_summaries, pair_results
-from minite_core.report.scale import HEAD as SCALE_HEAD, load_sizes, params_text, rl_base_params
+from minite_core.report.scale import HEAD as SCALE_HEAD, load_sizes, params_text, rl_base_other, rl_base_params
 from minite_core.report.tables import WHY_NOT_HOPPER
 from minite_core.report.te import HEAD as TE_HEAD, claim_agreement, te_nvfp4_agreement
 
@@ -145,7 +145,7 @@ def _scale(results: Path) -> str:
     """Which model claim (c) is judged on: its parameters, and its NVFP4 cost where the sweep measured it."""
     params = rl_base_params(results)
     if params is None:
-        return ""
+        return "on an earlier base model than pretrain/'s (see the size section): " if rl_base_other(results) else ""
     row = next((r["metrics"] for r in load_sizes(results) if r["metrics"]["num_parameters"] == params), None)
     drop = (row or {}).get("profiles", {}).get("minite")
     cost = (f" (size `{row['size']}`: minite {100 * drop['drop']:+.1f} ± {100 * drop['drop_se']:.1f} points from "

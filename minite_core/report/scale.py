@@ -8,13 +8,14 @@ most DROP_BUDGET (the point estimate); when none is, the largest measured (the o
 experiment config names the RL model's size explicitly (`pretrain.size`); the section says whether it is the one
 the rule picks.
 
-Which row the RL runs rest on: the size whose parameter count equals the RL runs' model's (their final
-checkpoints' config.json: RL keeps the shape; pretrain/pretrain.json without them). A results folder assembled from
-runs of different commits can hold RL runs of an earlier base model than pretrain/: the section says so. That row's
+Which row the RL runs rest on: the size whose parameter count equals the RL base model's (pretrain/pretrain.json),
+when the RL runs' final checkpoints (config.json: RL keeps the shape) have its shape. A results folder assembled
+from runs of different commits can hold RL runs of an earlier base model than pretrain/: the section says so. That row's
 claim (c) cell is report/rl.py's `claim_c_verdict` on this experiment's RL runs: the same rule at any scale.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -69,40 +70,46 @@ def _base(row: dict) -> str:
     return f"{b.get('steps')} ({b.get('stop_reason')}{band})"
 
 
-def rl_base_params(results: Path) -> int | None:
-    """The parameter count of the model the RL runs started from: their final checkpoints' shape (RL keeps it),
-    else the base model's (pretrain/pretrain.json); None when neither was made here."""
-    rl = _rl_params(results)
-    if rl is not None:
-        return rl
-    res = load(results / "pretrain" / "pretrain.json", "pretrain")
-    return None if res is None else res["metrics"].get("num_parameters")
+_SHAPE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+          "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size")
 
 
-def _rl_params(results: Path) -> int | None:
-    """Parameters of the RL runs' model from rl/<run>/final/config.json (the meta device: no weights read)."""
+def _shape(config: dict) -> tuple:
+    return tuple(config.get(k) for k in _SHAPE)
+
+
+def _rl_shape(results: Path) -> tuple | None:
+    """The RL runs' model shape from rl/<run>/final/config.json (RL keeps the base model's shape); None without."""
     configs = sorted((results / "rl").glob("*/final/config.json"))
-    if not configs:
-        return None
-    import torch
+    return _shape(json.loads(configs[-1].read_text())) if configs else None
 
-    from minite_core.model import CausalLM
-    from minite_core.model.io import read_model_config
 
-    with torch.device("meta"):
-        return CausalLM(read_model_config(configs[-1].parent)).num_parameters()
+def rl_base_params(results: Path) -> int | None:
+    """The parameter count of the model the RL runs started from: pretrain/pretrain.json's where the RL runs'
+    final checkpoints have its shape (or there are none), else the sweep's size of their shape; None when unknown."""
+    res = load(results / "pretrain" / "pretrain.json", "pretrain")
+    rl = _rl_shape(results)
+    if res is not None and (rl is None or rl == _shape(res.get("model_config", {}))):
+        return res["metrics"].get("num_parameters")
+    for row in load_sizes(results) if rl is not None else []:
+        config = results / "scale" / row["metrics"]["size"] / "model" / "config.json"
+        if config.exists() and _shape(json.loads(config.read_text())) == rl:
+            return row["metrics"]["num_parameters"]
+    return None
 
 
 def rl_base_other(results: Path) -> str | None:
     """Where the RL runs' model is not pretrain/'s (a results folder assembled from runs of different commits): one
     sentence naming both; else None."""
     res = load(results / "pretrain" / "pretrain.json", "pretrain")
-    rl = _rl_params(results)
-    if res is None or rl is None or rl == res["metrics"].get("num_parameters"):
+    rl = _rl_shape(results)
+    if res is None or rl is None or rl == _shape(res.get("model_config", {})):
         return None
+    shape = dict(zip(_SHAPE, rl))
     commits = sorted({c for s in load_summaries(results) if (c := (s.get("env") or {}).get("commit"))})
-    return (f"The RL runs ({', '.join(f'`{c}`' for c in commits)}) started from another base model "
-            f"({params_text(rl)} parameters) than pretrain/ ({params_text(res['metrics']['num_parameters'])}, "
+    return (f"The RL runs ({', '.join(f'`{c}`' for c in commits)}) started from another base model (hidden "
+            f"{shape['hidden_size']}, {shape['num_hidden_layers']} layers, {shape['num_experts']} experts, vocabulary "
+            f"{shape['vocab_size']}) than pretrain/ ({params_text(res['metrics']['num_parameters'])} parameters, "
             f"`{(res.get('env') or {}).get('commit')}`).")
 
 
@@ -173,13 +180,13 @@ def section_scale(results: Path) -> str:
     rl = rl_base_params(results)
     rl_size = next((r["metrics"]["size"] for r in rows if r["metrics"]["num_parameters"] == rl), None)
     if rl is None:
-        chosen = "No RL base model was trained in this experiment."
+        chosen = "" if rl_base_other(results) else "No RL base model was trained in this experiment."
     elif rl_size is None:
         chosen = f"The RL base model ({params_text(rl)}) is none of these sizes."
     else:
         chosen = f"The RL runs start from size `{rl_size}`" + (", the one the rule picks." if rl_size == pick else
                                                                ", not the rule's pick.")
-    chosen += f" {rl_base_other(results)}" if rl_base_other(results) else ""
+    chosen = " ".join(filter(None, [chosen, rl_base_other(results)]))
     figure = results / "scale" / FIGURE
     return (HEAD + "\n\n"
             "Each size is a Qwen3-MoE SFT'd by the same recipe into the same held-out band (`minite pretrain`; "
