@@ -281,7 +281,8 @@ def test_h200_benches_measure_every_target():
     assert set(NVFP4 + PACKED) <= set(sampler["profiles"]) and sampler["profiles"][0] == "bf16"
     assert {"rl", "weight-bound", "model"} <= set(sampler["shapes"])
     assert sampler["op_profile"] and cfg["throughput"]["op_profile"]
-    res = subprocess.run([*SNAKEMAKE, "-n", "-p", "throughput_sampler", "--configfile", "experiments/h200.yaml"],
+    res = subprocess.run([*SNAKEMAKE, "-n", "-p", "--forcerun", "throughput_sampler", "--configfile",
+                          "experiments/h200.yaml", "--", "throughput_sampler"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "minite bench sampler --out results/h200/throughput/sampler.json --model results/h200/pretrain/model" \
