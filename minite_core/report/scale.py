@@ -10,8 +10,8 @@ the rule picks.
 
 Which row the RL runs rest on: the size whose parameter count equals the RL base model's (pretrain/pretrain.json),
 when the RL runs' final checkpoints (config.json: RL keeps the shape) have its shape. A results folder assembled
-from runs of different commits can hold RL runs of an earlier base model than pretrain/: the section says so. That row's
-claim (c) cell is report/rl.py's `claim_c_verdict` on this experiment's RL runs: the same rule at any scale.
+from runs of different commits can hold RL runs of an earlier base model than pretrain/: the section says so.
+That row's claim (c) cell is report/rl.py's `claim_c_verdict` on this experiment's RL runs: the same rule at any scale.
 """
 from __future__ import annotations
 
@@ -179,14 +179,15 @@ def section_scale(results: Path) -> str:
     pick, why = pick_rl_size(rows)
     rl = rl_base_params(results)
     rl_size = next((r["metrics"]["size"] for r in rows if r["metrics"]["num_parameters"] == rl), None)
+    other = rl_base_other(results)
     if rl is None:
-        chosen = "" if rl_base_other(results) else "No RL base model was trained in this experiment."
+        chosen = "" if other else "No RL base model was trained in this experiment."
     elif rl_size is None:
         chosen = f"The RL base model ({params_text(rl)}) is none of these sizes."
     else:
         chosen = f"The RL runs start from size `{rl_size}`" + (", the one the rule picks." if rl_size == pick else
                                                                ", not the rule's pick.")
-    chosen = " ".join(filter(None, [chosen, rl_base_other(results)]))
+    chosen = " ".join(filter(None, [chosen, other]))
     figure = results / "scale" / FIGURE
     return (HEAD + "\n\n"
             "Each size is a Qwen3-MoE SFT'd by the same recipe into the same held-out band (`minite pretrain`; "
