@@ -25,6 +25,11 @@ from minite_core.bench.kernel_timing import Recorder, _guard, time_fn
 from minite_core.results import env_info
 
 
+def quantized_bytes(m: int, k: int, dq: bool) -> int:
+    """Bytes a quantizer of an (m, k) tensor must write: e2m1 codes, E4M3 block scales, the bf16 copy with dq."""
+    return m * k // 2 + m * k // 16 + (m * k * 2 if dq else 0)
+
+
 def bench_quantize(rec, m=16384, k=4096, reps=30, sweep=False):
     from minite_core.kernels.quantize import quantize_triton
 
@@ -52,7 +57,7 @@ def bench_quantize(rec, m=16384, k=4096, reps=30, sweep=False):
         def run(kw=kw, name=name):
             f = lambda: quantize_triton(x, check=False, **kw)  # noqa: E731
             t = time_fn(f, reps)
-            out_bytes = m * k // 2 + m * k // 16 + (m * k * 2 if kw.get("emit_dq") else 0)
+            out_bytes = quantized_bytes(m, k, kw.get("emit_dq", False))
             in_bytes = m * k * 2 * (2 if (kw.get("amax") is None and kw.get("scale_mode") != "row") else 1)
             gbps = (m * k * 2 + out_bytes) / t[0] / 1e6  # compulsory bytes (input read once)
             rec.add(name, shape, t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps,
@@ -99,7 +104,7 @@ def bench_quantize_cols(rec, x, t_copy, copy_gbps, reps=30, sweep=False):
         def run(kw=kw, name=name, cfg=None, src=src):
             tile = {} if cfg is None else dict(block_t=cfg[0], block_c=cfg[1], num_warps=cfg[2])
             t = time_fn(lambda: quantize_cols_triton(src, check=False, **kw, **tile), reps)
-            out_bytes = m * k // 2 + m * k // 16 + (m * k * 2 if kw.get("emit_dq") else 0)
+            out_bytes = quantized_bytes(m, k, kw.get("emit_dq", False))
             gbps = (m * k * src.element_size() + out_bytes) / t[0] / 1e6  # compulsory bytes (input read once)
             label = name if cfg is None else f"{name}-bt{cfg[0]}-bc{cfg[1]}-w{cfg[2]}"
             rec.add(label, f"{m}x{k} {str(src.dtype)[6:]}", t, "d2d-copy", t_copy, gbps=gbps, bw_frac=gbps / copy_gbps)

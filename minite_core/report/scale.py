@@ -78,18 +78,20 @@ def _shape(config: dict) -> tuple:
     return tuple(config.get(k) for k in _SHAPE)
 
 
-def _rl_shape(results: Path) -> tuple | None:
-    """The RL runs' model shape from rl/<run>/final/config.json (RL keeps the base model's shape); None without."""
+def _rl_base(results: Path) -> tuple[dict | None, tuple | None, bool]:
+    """(pretrain/pretrain.json, the RL runs' model shape from rl/<run>/final/config.json — RL keeps the base model's
+    shape — or None without final checkpoints, whether the RL runs started from pretrain/'s model)."""
+    res = load(results / "pretrain" / "pretrain.json", "pretrain")
     configs = sorted((results / "rl").glob("*/final/config.json"))
-    return _shape(json.loads(configs[-1].read_text())) if configs else None
+    rl = _shape(json.loads(configs[-1].read_text())) if configs else None
+    return res, rl, res is not None and (rl is None or rl == _shape(res.get("model_config", {})))
 
 
 def rl_base_params(results: Path) -> int | None:
     """The parameter count of the model the RL runs started from: pretrain/pretrain.json's where the RL runs'
     final checkpoints have its shape (or there are none), else the sweep's size of their shape; None when unknown."""
-    res = load(results / "pretrain" / "pretrain.json", "pretrain")
-    rl = _rl_shape(results)
-    if res is not None and (rl is None or rl == _shape(res.get("model_config", {}))):
+    res, rl, same = _rl_base(results)
+    if same:
         return res["metrics"].get("num_parameters")
     for row in load_sizes(results) if rl is not None else []:
         config = results / "scale" / row["metrics"]["size"] / "model" / "config.json"
@@ -101,9 +103,8 @@ def rl_base_params(results: Path) -> int | None:
 def rl_base_other(results: Path) -> str | None:
     """Where the RL runs' model is not pretrain/'s (a results folder assembled from runs of different commits): one
     sentence naming both; else None."""
-    res = load(results / "pretrain" / "pretrain.json", "pretrain")
-    rl = _rl_shape(results)
-    if res is None or rl is None or rl == _shape(res.get("model_config", {})):
+    res, rl, same = _rl_base(results)
+    if res is None or rl is None or same:
         return None
     shape = dict(zip(_SHAPE, rl))
     commits = sorted({c for s in load_summaries(results) if (c := (s.get("env") or {}).get("commit"))})

@@ -13,6 +13,7 @@ import sys
 import torch
 
 from minite_core.bench.kernel_timing import time_fn
+from minite_core.bench.kernels import quantized_bytes
 from minite_core.kernels.quantize import quantize_triton
 
 TILES = [None, (16, 256, 4), (8, 128, 4), (4, 256, 4), (4, 128, 2), (2, 256, 2)]  # None: the default
@@ -37,8 +38,7 @@ for name, ts in rows.items():
     if name == "d2d-copy":
         continue
     ms = statistics.median(ts)
-    dq = "+dq" in name
-    gbps = (m * k * 2 + m * k // 2 + m * k // 16 + (m * k * 2 if dq else 0)) / ms / 1e6  # compulsory bytes
+    gbps = (m * k * 2 + quantized_bytes(m, k, "+dq" in name)) / ms / 1e6  # compulsory bytes (x read once)
     out["rows"].append({"name": name, "ms": ms, "gbps": gbps, "bw_frac": gbps / copy_gbps})
     print(f"{name:36s} {ms * 1e3:8.1f} us  {gbps:6.0f} GB/s  {gbps / copy_gbps:.2f} of copy")
 if len(sys.argv) > 1:
