@@ -71,7 +71,8 @@ class Learner:
         with torch.set_grad_enabled(grad), use_profile(self.model, self.profile):
             for s in range(0, N, step):
                 # right padding needs no key mask (real queries never see the pads after them): on CUDA the
-                # mask is dropped so SDPA takes its flash kernel; on CPU it stays (CPU results stay bitwise)
+                # mask is dropped so SDPA takes a fused causal kernel (cuDNN's on sm_90 with torch 2.11; what can
+                # silently take it away: peers/te_cudnn.py); on CPU it stays (CPU results stay bitwise)
                 key_mask = None if ids.is_cuda else attn[s:s + step]  # (not `mask`: that is the return value)
                 logits = self.model(ids[s:s + step], attention_mask=key_mask)  # (n, L, V)
                 idx = pos[s:s + step, :, None].expand(-1, -1, logits.shape[-1])  # (n, T, V)
@@ -130,7 +131,7 @@ class Learner:
                 routing = Routing(record=record, replay=replay_tables(padded[rows], layers) if replay else None) \
                     if record or replay else None
                 # right padding needs no key mask (real queries never see the pads after them): on CUDA the mask is
-                # dropped so SDPA takes its flash kernel; on CPU it stays (CPU results stay bitwise)
+                # dropped so SDPA takes a fused causal kernel (as above); on CPU it stays (CPU results stay bitwise)
                 key_mask = None if ids.is_cuda else attn[rows]
                 with torch.set_grad_enabled(grad), use_routing(self.model, routing):
                     logits = self.model(ids[rows], attention_mask=key_mask)  # (n, L, V)

@@ -43,7 +43,8 @@ emulates; `te_compare`'s `dataflow` rows keep that fp32 GEMM beside it.
 Not here: TE's native NVFP4 kernels (sm_100+; this is the reference arithmetic run by TE's modules). The expert
 loop (one te.Linear per expert) is a Python loop with one host sync per grouped GEMM (`counts.tolist()`), as our
 reference GroupedLinear; te.GroupedLinear is the grouped alternative for bf16 / FP8. Missing TE, a CPU-only
-machine or another TE version make `available()` return (False, reason) and every constructor raise with it.
+machine, another TE version, or a TE whose import would break torch's cuDNN in this process (peers/te_cudnn.py)
+make `available()` return (False, reason) and every constructor raise with it.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ from minite_core.engines.learner import Learner
 from minite_core.model import CausalLM, set_profile
 from minite_core.nn import GroupedLinear, QuantLinear, clear_weight_caches
 from minite_core.nn.moe_layout import MoELayout
+from minite_core.peers import te_cudnn
 from minite_core.profiles import PROFILES, Profile
 
 TE_VERSION = "2.20"  # major.minor this adapter was written against (TE 2.20.2's source; see module docstring)
@@ -131,6 +133,9 @@ def available() -> tuple[bool, str]:
                        "workflow/scripts/te_install_h200.sh there (docs/offline-gpu.md)")
     if not torch.cuda.is_available():
         return False, "Transformer Engine needs a CUDA GPU (none visible)"
+    why = te_cudnn.conflict()  # before this process imports TE: the import cannot be undone
+    if why:
+        return False, why
     try:
         import transformer_engine
         import transformer_engine.pytorch  # noqa: F401  (loads the torch extension)

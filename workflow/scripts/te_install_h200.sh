@@ -5,7 +5,8 @@
 #   bash workflow/scripts/te_install_h200.sh           # once per call; every call carries .te/MANIFEST plus
 #                                                      # any of .te/parts/core.whl.part-NN, .te/whl, .te/sdist, .te/built
 #   bash workflow/scripts/te_install_h200.sh --final   # the same, but fails unless TE is installed at the end
-#   . /tmp/te/env.sh                                   # then: PYTHONPATH=/tmp/site..., NVTE_FRAMEWORK=pytorch
+#   . /tmp/te/env.sh                                   # then: PYTHONPATH=/tmp/site..., NVTE_FRAMEWORK=pytorch,
+#                                                      # CUDNN_HOME and LD_LIBRARY_PATH at torch's cuDNN
 #
 # Each call copies what it carries into /tmp/te/ (sha256-checked against the MANIFEST; /tmp survives between the
 # calls of a warm machine, ~30 s). The call that completes the set: cats the parts into the core wheel (sha256
@@ -40,21 +41,32 @@ CORE_SHA=$(awk '$1 == "core" {print $4}' "$STAGE/MANIFEST")
 VERSION=$(echo "$CORE_NAME" | sed -E 's/^transformer_engine_cu[0-9]+-([^-]+)-.*/\1/')
 [ -n "$CORE_NAME" ] && [ -n "$VERSION" ] || die "$STAGE/MANIFEST has no core line"
 
+# TE's import loads the first cuDNN it finds ($CUDNN_HOME, ..., the loader's path) with RTLD_GLOBAL; any other
+# version than torch's (the image's /usr/lib has 9.14, torch 2.11 bundles 9.19) leaves torch's cuDNN unusable in
+# that process and moves its attention off the cuDNN kernel (minite_core/peers/te_cudnn.py): point both at torch's
+CUDNN_DIR=$("$PY" -c "import nvidia.cudnn as c; print(list(c.__path__)[0])" 2>/dev/null || true)
+env_lines() {
+    echo "export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH} NVTE_FRAMEWORK=pytorch"
+    if [ -n "$CUDNN_DIR" ]; then
+        echo "export CUDNN_HOME=$CUDNN_DIR LD_LIBRARY_PATH=$CUDNN_DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+    fi
+}
 write_env() {
-    echo "export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH} NVTE_FRAMEWORK=pytorch" > "$STAGE/env.sh.tmp"
+    env_lines > "$STAGE/env.sh.tmp"
     mv "$STAGE/env.sh.tmp" "$STAGE/env.sh"
 }
 verify_import() {
-    PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} NVTE_FRAMEWORK=pytorch "$PY" - "$VERSION" <<'PY' || die "import transformer_engine.pytorch failed (above); the install in /tmp/site is incomplete"
+    ( eval "$(env_lines)"; "$PY" - "$VERSION" <<'PY' ) || die "import transformer_engine.pytorch, or torch's cuDNN after it, failed (above): an incomplete install in /tmp/site, or a cuDNN torch cannot use"
 import sys, torch
 import transformer_engine, transformer_engine.pytorch as te
 from transformer_engine.pytorch.custom_recipes.reference_nvfp4 import NVFP4QuantizerRef  # noqa: F401
 assert transformer_engine.__version__ == sys.argv[1], (transformer_engine.__version__, sys.argv[1])
 # quantization.py is_*_available(return_reason=True) -> (bool, reason)
 avail = {n: getattr(te, f"is_{n}_available")(return_reason=True) for n in ("fp8", "fp8_block_scaling", "nvfp4")}
+cudnn = torch.backends.cudnn.version()  # raises where TE's import loaded a cuDNN torch cannot use
 print(f"te_install: transformer_engine {transformer_engine.__version__} on {torch.cuda.get_device_name()} "
-      f"(sm_{''.join(map(str, torch.cuda.get_device_capability()))}), torch {torch.__version__}; "
-      + "; ".join(f"{n}: {ok}{' (' + why + ')' if why else ''}" for n, (ok, why) in avail.items()))
+      f"(sm_{''.join(map(str, torch.cuda.get_device_capability()))}), torch {torch.__version__}, cuDNN {cudnn} "
+      "after TE's import; " + "; ".join(f"{n}: {ok}{' (' + why + ')' if why else ''}" for n, (ok, why) in avail.items()))
 PY
 }
 
