@@ -5,8 +5,8 @@ bundled one (transformer_engine/common/__init__.py `_load_cuda_library("cudnn")`
 $CUDA_HOME, /usr/local/cuda, then the loader's path). Where that is another version than torch's — the GPU image
 has cuDNN 9.14 in /usr/lib for torch 2.11's 9.19 — torch's cuDNN no longer initializes ("cuDNN version
 incompatibility") and nothing says so: `F.scaled_dot_product_attention` leaves its cuDNN kernel (torch's choice
-for the learner's causal attention on sm_90) for flash attention, so every log-prob of *our* profiles computed
-in that process changes bits. Measured: the one-process `minite rl` step after `import transformer_engine` had
+for the learner's causal attention on sm_90) for another one, so every log-prob of *our* profiles computed in that
+process changes bits. Measured: the one-process `minite rl` step after `import transformer_engine` had
 learner ↔ sampler k3 2.5e-6 (bf16) where a fresh process had 0.
 
 So `te_learner.available()` asks this first, in a subprocess (this process stays clean), and where the import
@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
@@ -39,7 +38,7 @@ def torch_cudnn_dir() -> str | None:
         import nvidia.cudnn
     except ImportError:
         return None
-    return str(Path(list(nvidia.cudnn.__path__)[0]))
+    return list(nvidia.cudnn.__path__)[0]
 
 
 @functools.cache
